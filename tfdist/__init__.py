@@ -1,0 +1,21 @@
+"""tfdist: distributed training for Keras 3 `model.fit` on TensorFlow 2.21.
+
+Two engines share one algorithm core: the tf.distribute engine (strategies, and the
+`DistributedOptimizer` wrapper under any strategy) and the Horovod engine
+(`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
+"""
+
+from tfdist import callbacks, comm, data
+from tfdist.optimizers import DistributedOptimizer
+from tfdist.strategies import MultiWorkerMirroredStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DistributedOptimizer",
+    "MultiWorkerMirroredStrategy",
+    "__version__",
+    "callbacks",
+    "comm",
+    "data",
+]

@@ -1,0 +1,74 @@
+"""Communication statistics (bytes sent, rounds) in the logs and in TensorBoard."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def find_distributed_optimizer(optimizer):
+    """The tfdist optimizer in a chain of wrappers, or None."""
+    from tfdist.optimizers.distributed import DistributedOptimizer
+
+    while optimizer is not None:
+        if isinstance(optimizer, DistributedOptimizer):
+            return optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return None
+
+
+class CommunicationStats(keras.callbacks.Callback):
+    """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch) and
+    `communication_rounds` to the epoch logs, and writes them with the step time to TensorBoard.
+
+    Args:
+        log_dir: Optional TensorBoard log directory (event files under `log_dir/comm`).
+        update_freq: Write to TensorBoard every this many batches. Defaults to 10.
+    """
+
+    def __init__(self, log_dir: str | None = None, update_freq: int = 10):
+        super().__init__()
+        if update_freq < 1:
+            raise ValueError(f"`update_freq` must be >= 1. Received: update_freq={update_freq}")
+        self.log_dir = log_dir
+        self.update_freq = update_freq
+        self._writer = None
+        self._optimizer = None
+        self._step = 0
+
+    def on_train_begin(self, logs=None):
+        self._optimizer = find_distributed_optimizer(self.model.optimizer)
+        if self._optimizer is None:
+            raise ValueError(
+                "CommunicationStats needs a tfdist optimizer (tfdist.DistributedOptimizer or "
+                f"tfdist.horovod.DistributedOptimizer). Received: {type(self.model.optimizer).__name__}"
+            )
+        if self.log_dir:
+            self._writer = tf.summary.create_file_writer(f"{self.log_dir}/comm")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start_bytes = self._optimizer.bytes_sent
+        self._epoch_batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        self._epoch_batches += 1
+        if self._writer is not None and self._step % self.update_freq == 0:
+            with self._writer.as_default(step=self._step):
+                tf.summary.scalar("bytes_sent", self._optimizer.bytes_sent)
+                tf.summary.scalar("communication_rounds", self._optimizer.communication_rounds)
+
+    def on_epoch_end(self, epoch, logs=None):
+        sent = self._optimizer.bytes_sent - self._epoch_start_bytes
+        per_step = sent / max(self._epoch_batches, 1)
+        if logs is not None:
+            logs["bytes_per_step"] = per_step
+            logs["communication_rounds"] = float(self._optimizer.communication_rounds)
+        if self._writer is not None:
+            with self._writer.as_default(step=self._step):
+                tf.summary.scalar("bytes_per_step", per_step)
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,200 @@
+"""The Communicator interface and exact byte accounting.
+
+Every algorithm in tfdist moves data only through a `Communicator`. Two engines implement it:
+`ReplicaCommunicator` (the tf.distribute replica context) and `HorovodCommunicator`; a
+`LocalCommunicator` stands for a world of one.
+
+Byte accounting. Each collective adds to a `ByteCounter` the bytes *this worker sends* under the
+bandwidth-optimal ring algorithms, for a world of N workers and a payload of S bytes:
+
+| collective                          | bytes sent by each worker |
+|-------------------------------------|---------------------------|
+| all_reduce(S)                       | 2 (N - 1) / N * S         |
+| reduce_scatter(S, input size)       | (N - 1) / N * S           |
+| all_gather(S, each worker's part)   | (N - 1) * S               |
+| broadcast(S)                        | (N - 1) / N * S (average) |
+
+The counts are computed from static shapes when the step is traced and added to a variable each
+time the collective actually runs, so a collective inside a branch that is not taken adds nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+REDUCE_OPS = ("sum", "mean")
+
+
+def ring_bytes(kind: str, payload_bytes: float, world_size: int) -> float:
+    """Bytes one worker sends for a collective under ring algorithms (see module docstring)."""
+    n = world_size
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n * payload_bytes
+    if kind in ("reduce_scatter", "broadcast"):
+        return (n - 1) / n * payload_bytes
+    if kind == "all_gather":
+        return float(n - 1) * payload_bytes
+    raise ValueError(f"Unknown collective kind: {kind!r}.")
+
+
+def static_nbytes(tensors: Sequence[tf.Tensor]) -> int:
+    """Payload size in bytes of tensors with fully known static shapes."""
+    total = 0
+    for t in tensors:
+        shape = t.shape
+        if not shape.is_fully_defined():
+            raise ValueError(
+                f"Byte accounting needs static shapes; got a tensor of shape {shape}. "
+                "Build the model with a fixed input shape."
+            )
+        total += int(np.prod(shape.as_list(), dtype=np.int64)) * t.dtype.size
+    return total
+
+
+class ByteCounter:
+    """Adds the bytes a worker sends to a float64 scalar variable, inside or outside tf.function.
+
+    Args:
+        variable: A scalar float64 variable owned by the caller (an optimizer variable, so that
+            checkpoints carry the total). Every replica adds the same amount, so a variable whose
+            replicas update independently (aggregation "none") stays consistent.
+    """
+
+    def __init__(self, variable):
+        self.variable = variable
+
+    def add(self, nbytes: float) -> None:
+        if nbytes:
+            self.variable.assign_add(tf.constant(nbytes, dtype=tf.float64))
+
+    @property
+    def total(self) -> float:
+        return float(np.asarray(self.variable.numpy() if hasattr(self.variable, "numpy")
+                                else self.variable))
+
+
+class Communicator(abc.ABC):
+    """Collective operations over the workers (replicas) of one training job.
+
+    Implementations must be usable inside `tf.function` and, for the tf.distribute engine, inside
+    a replica context. `world_size` is a Python int; `rank` may be a tensor.
+    """
+
+    def __init__(self, counter: ByteCounter | None = None):
+        self.counter = counter
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """Number of participants in each collective."""
+
+    @property
+    @abc.abstractmethod
+    def rank(self):
+        """This participant's index in [0, world_size), an int or a scalar int32 tensor."""
+
+    # -- collectives (implemented by engines) -----------------------------------------------
+    @abc.abstractmethod
+    def _all_reduce(self, tensors: list[tf.Tensor], op: str) -> list[tf.Tensor]: ...
+
+    @abc.abstractmethod
+    def _all_gather(self, tensor: tf.Tensor) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, tensor: tf.Tensor, op: str) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, tensors: list[tf.Tensor], root: int) -> list[tf.Tensor]: ...
+
+    # Which collective an engine really runs for reduce_scatter / broadcast (for accounting).
+    reduce_scatter_kind = "reduce_scatter"
+    broadcast_kind = "broadcast"
+
+    # -- public API: validates, counts, delegates -------------------------------------------
+    def all_reduce(self, tensors: Sequence[tf.Tensor], op: str = "sum") -> list[tf.Tensor]:
+        """Element-wise reduction of each tensor over all workers; every worker gets the result."""
+        _check_op(op)
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        self._count("all_reduce", static_nbytes(tensors))
+        if self.world_size == 1:
+            return [tf.identity(t) for t in tensors]
+        return self._all_reduce(tensors, op)
+
+    def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
+        """Concatenates every worker's `tensor` along axis 0, in rank order."""
+        self._count("all_gather", static_nbytes([tensor]))
+        if self.world_size == 1:
+            return tf.identity(tensor)
+        return self._all_gather(tensor)
+
+    def reduce_scatter(self, tensor: tf.Tensor, op: str = "sum") -> tf.Tensor:
+        """Reduces `tensor` over workers and returns this worker's chunk of axis 0.
+
+        Raises:
+            ValueError: if axis 0 does not divide by the world size.
+        """
+        _check_op(op)
+        dim0 = tensor.shape[0]
+        if dim0 is None or dim0 % self.world_size:
+            raise ValueError(
+                f"reduce_scatter needs axis 0 divisible by the world size {self.world_size}; "
+                f"got shape {tensor.shape}. Pad the tensor to a multiple of {self.world_size}."
+            )
+        self._count(self.reduce_scatter_kind, static_nbytes([tensor]))
+        if self.world_size == 1:
+            return tf.identity(tensor)
+        return self._reduce_scatter(tensor, op)
+
+    def broadcast(self, tensors: Sequence[tf.Tensor], root: int = 0) -> list[tf.Tensor]:
+        """Every worker receives the `root` worker's tensors."""
+        if not 0 <= root < self.world_size:
+            raise ValueError(f"`root` must be in [0, {self.world_size}). Received: root={root}")
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        self._count(self.broadcast_kind, static_nbytes(tensors))
+        if self.world_size == 1:
+            return [tf.identity(t) for t in tensors]
+        return self._broadcast(tensors, root)
+
+    def _count(self, kind: str, payload: int) -> None:
+        if self.counter is not None:
+            self.counter.add(ring_bytes(kind, payload, self.world_size))
+
+
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
+
+
+class LocalCommunicator(Communicator):
+    """A world of one worker: every collective is the identity and sends no bytes."""
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def rank(self):
+        return 0
+
+    def _all_reduce(self, tensors, op):  # pragma: no cover - world_size 1 short-circuits
+        return tensors
+
+    def _all_gather(self, tensor):  # pragma: no cover
+        return tensor
+
+    def _reduce_scatter(self, tensor, op):  # pragma: no cover
+        return tensor
+
+    def _broadcast(self, tensors, root):  # pragma: no cover
+        return tensors

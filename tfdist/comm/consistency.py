@@ -1,0 +1,56 @@
+"""Checks that every worker trains the same model, before any gradient is exchanged.
+
+Workers whose models differ would otherwise feed collectives of different shapes: at best an
+obscure error, at worst a hang. A fixed-size fingerprint is all-gathered instead (same shape on
+every worker by construction), and every worker raises the same clear error.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.comm.base import Communicator
+
+
+def model_fingerprint(variables: Sequence) -> np.ndarray:
+    """[number of variables, number of elements, CRC32 of the ordered shapes and dtypes]."""
+    spec = ";".join(f"{tuple(v.shape)}:{tf.as_dtype(v.dtype).name}" for v in variables)
+    n_elements = sum(int(np.prod(v.shape)) for v in variables)
+    return np.array([len(variables), n_elements, zlib.crc32(spec.encode())], dtype=np.int64)
+
+
+def verify_same_model(
+    variables: Sequence,
+    communicator: Communicator,
+    run: Callable[[Callable[[], tf.Tensor]], tf.Tensor] | None = None,
+) -> None:
+    """Raises ValueError on every worker if any worker's variables differ in shape or dtype.
+
+    Args:
+        variables: The trainable variables this worker is about to train.
+        communicator: Where to all-gather the fingerprints.
+        run: Runs a collective function in the right context (e.g. inside `strategy.run`) and
+            returns one local result. Defaults to calling it directly.
+    """
+    if communicator.world_size == 1:
+        return
+    mine = model_fingerprint(variables)
+    gathered = (run or (lambda f: f()))(
+        lambda: communicator.all_gather(tf.constant(mine[None, :]))
+    )
+    table = np.asarray(gathered).reshape(communicator.world_size, -1)
+    bad = [r for r in range(table.shape[0]) if not np.array_equal(table[r], table[0])]
+    if bad:
+        rows = "\n".join(
+            f"  rank {r}: {table[r][0]} variables, {table[r][1]} parameters, "
+            f"shape digest {table[r][2]:#010x}" for r in range(table.shape[0])
+        )
+        raise ValueError(
+            f"The workers' models differ (ranks {bad} differ from rank 0):\n{rows}\n"
+            "Every worker must build the same model (same layers, shapes and dtypes) before "
+            "training. Check that all workers run the same script and config."
+        )

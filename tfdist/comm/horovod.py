@@ -1,0 +1,60 @@
+"""Communicator over Horovod ranks (one process per rank, launched by `horovodrun`).
+
+Horovod is imported when the communicator is created, never at `import tfdist`.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.comm.base import ByteCounter, Communicator
+
+
+def import_horovod():
+    """Returns `horovod.tensorflow`, or raises an ImportError that says how to get it."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:  # pragma: no cover - exercised where Horovod is missing
+        raise ImportError(
+            "The Horovod engine needs Horovod built against this TensorFlow. Run "
+            "`launch/build_horovod.sh` (see BUILD.md), or use the tf.distribute engine."
+        ) from e
+    return hvd
+
+
+class HorovodCommunicator(Communicator):
+    """Collectives through `horovod.tensorflow` ops (Gloo on CPU, NCCL on GPU builds).
+
+    `hvd.init()` must have been called (`tfdist.horovod.init()` does it).
+    """
+
+    def __init__(self, counter: ByteCounter | None = None):
+        super().__init__(counter)
+        self._hvd = import_horovod()
+        if not self._hvd.is_initialized():
+            raise RuntimeError("Horovod is not initialised: call tfdist.horovod.init() first.")
+
+    @property
+    def world_size(self) -> int:
+        return int(self._hvd.size())
+
+    @property
+    def rank(self):
+        return int(self._hvd.rank())
+
+    def _op(self, op: str):
+        return self._hvd.Sum if op == "sum" else self._hvd.Average
+
+    def _all_reduce(self, tensors, op):
+        return list(self._hvd.grouped_allreduce(tensors, op=self._op(op)))
+
+    def _all_gather(self, tensor):
+        return self._hvd.allgather(tensor)
+
+    def _reduce_scatter(self, tensor, op):
+        return self._hvd.reducescatter(tensor, op=self._op(op))
+
+    def _broadcast(self, tensors, root):
+        return [self._hvd.broadcast(t, root_rank=root) for t in tensors]
+
+

@@ -1,0 +1,67 @@
+"""Communicator over the replicas of a tf.distribute strategy (MirroredStrategy, MWMS)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.comm.base import ByteCounter, Communicator
+
+_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
+
+
+class ReplicaCommunicator(Communicator):
+    """Collectives through `tf.distribute.get_replica_context()`.
+
+    Use it inside `strategy.run` (which is where Keras `fit` runs a train step). The world is
+    every replica in sync: all devices of all workers.
+
+    tf.distribute has no public reduce-scatter or broadcast in replica context, so both run as an
+    all-reduce (reduce-scatter keeps this replica's chunk; broadcast zeroes non-root inputs), and
+    the byte counter charges them as the all-reduce they really are.
+
+    Args:
+        strategy: The strategy whose replicas take part. Defaults to the current strategy.
+        counter: Optional `ByteCounter`.
+    """
+
+    reduce_scatter_kind = "all_reduce"
+    broadcast_kind = "all_reduce"
+
+    def __init__(self, strategy: tf.distribute.Strategy | None = None,
+                 counter: ByteCounter | None = None):
+        super().__init__(counter)
+        self.strategy = strategy or tf.distribute.get_strategy()
+
+    @property
+    def world_size(self) -> int:
+        return int(self.strategy.num_replicas_in_sync)
+
+    @property
+    def rank(self):
+        return tf.cast(_replica_context().replica_id_in_sync_group, tf.int32)
+
+    def _all_reduce(self, tensors, op):
+        return list(_replica_context().all_reduce(_OPS[op], tensors))
+
+    def _all_gather(self, tensor):
+        return _replica_context().all_gather(tensor, axis=0)
+
+    def _reduce_scatter(self, tensor, op):
+        (reduced,) = self._all_reduce([tensor], op)
+        chunk = tensor.shape[0] // self.world_size
+        return reduced[self.rank * chunk:(self.rank + 1) * chunk]
+
+    def _broadcast(self, tensors, root):
+        is_root = tf.equal(self.rank, root)
+        masked = [tf.where(is_root, t, tf.zeros_like(t)) for t in tensors]
+        return self._all_reduce(masked, "sum")
+
+
+def _replica_context() -> tf.distribute.ReplicaContext:
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        raise RuntimeError(
+            "ReplicaCommunicator collectives must run in a replica context: call them inside "
+            "`strategy.run(...)` (Keras `fit` does this for a train step)."
+        )
+    return ctx

@@ -1,0 +1,17 @@
+"""Data: the embedded digits set, synthetic generators, and per-worker sharding."""
+
+from tfdist.data.datasets import (
+    distribute,
+    global_batches,
+    load_digits,
+    shard_batches,
+    synthetic_classification,
+)
+
+__all__ = [
+    "distribute",
+    "global_batches",
+    "load_digits",
+    "shard_batches",
+    "synthetic_classification",
+]

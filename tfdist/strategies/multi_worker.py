@@ -1,0 +1,72 @@
+"""`tfdist.MultiWorkerMirroredStrategy`: tf.distribute's multi-worker strategy that Keras 3 `fit` can use.
+
+Keras 3 calls `strategy.reduce("MEAN", (x, y), axis=None)` on a whole data batch when it builds
+the model, and `strategy.reduce("MEAN", metric, axis=0)` on scalar metrics; TF's collective
+strategy accepts neither a nested structure nor axis=0 on a scalar, so plain
+`tf.distribute.MultiWorkerMirroredStrategy` fails under `fit` (keras-team/keras#20585,
+tensorflow/tensorflow#72388). This subclass reduces structures leaf by leaf and scalars over
+replicas only. Everything else is TF's strategy, unchanged: `isinstance(s,
+tf.distribute.MultiWorkerMirroredStrategy)` holds.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Drop-in `tf.distribute.MultiWorkerMirroredStrategy` with which Keras 3 `fit` works.
+
+    Workers are described by `TF_CONFIG` (or `cluster_resolver`), as with TF's strategy.
+
+    Args:
+        cluster_resolver: Optional cluster resolver; defaults to reading `TF_CONFIG`.
+        communication_options: Optional `tf.distribute.experimental.CommunicationOptions`.
+        timeout_seconds: If set (and `communication_options` is not), every collective fails
+            after this many seconds instead of waiting forever for a worker that died.
+
+    Example:
+        ```python
+        # on each worker, with TF_CONFIG set:
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=300)
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()), ...)
+        model.fit(dataset, epochs=3, steps_per_epoch=100)
+        ```
+    """
+
+    def __init__(
+        self,
+        cluster_resolver=None,
+        communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+        timeout_seconds: float | None = None,
+    ):
+        if timeout_seconds is not None and timeout_seconds <= 0:
+            raise ValueError(
+                f"`timeout_seconds` must be > 0 or None. Received: timeout_seconds={timeout_seconds}"
+            )
+        if communication_options is None and timeout_seconds is not None:
+            communication_options = tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=timeout_seconds
+            )
+        super().__init__(
+            cluster_resolver=cluster_resolver, communication_options=communication_options
+        )
+
+    def reduce(self, reduce_op, value, axis):
+        """Like `Strategy.reduce`, over nested structures; `axis` is ignored for scalars."""
+
+        def reduce_one(v):
+            leaf_axis = axis
+            if leaf_axis is not None and _rank(self, v) == 0:
+                leaf_axis = None
+            return super(MultiWorkerMirroredStrategy, self).reduce(reduce_op, v, axis=leaf_axis)
+
+        return tf.nest.map_structure(reduce_one, value)
+
+
+def _rank(strategy: tf.distribute.Strategy, value) -> int | None:
+    if isinstance(value, tf.distribute.DistributedValues):
+        value = strategy.experimental_local_results(value)[0]
+    return tf.convert_to_tensor(value).shape.rank

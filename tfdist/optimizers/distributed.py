@@ -227,8 +227,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
         def apply_finite():
             self.inner_optimizer.apply(grads, variables)
-            grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
-            self.step_counter.assign(tf.where(grow, 0, self.step_counter + 1))
+            count = tf.convert_to_tensor(self.step_counter)
+            grow = tf.equal(count, self.dynamic_growth_steps - 1)
+            self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count + 1))
             self.dynamic_scale.assign(tf.where(grow, scale * 2.0, scale))
 
         def skip_non_finite():

@@ -1,0 +1,50 @@
+"""Test rig: logical CPU devices (created once, before TensorFlow initialises), strategy fixtures,
+and helpers that launch local worker processes with a hard timeout."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
+
+
+@pytest.fixture
+def mirrored():
+    """Factory: a MirroredStrategy over the first n logical CPU devices."""
+    from tfdist.strategies import new_mirrored_strategy
+    from tests.workers.common import cpu_devices
+
+    def make(n: int = 2):
+        return new_mirrored_strategy(cpu_devices(n))
+
+    return make
+
+
+def worker_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+                CUDA_VISIBLE_DEVICES="")
+
+
+def horovod_available() -> bool:
+    from tfdist.horovod import is_available
+
+    return is_available()
+
+
+@pytest.fixture
+def worker_cmd():
+    """argv prefix for tests/workers/train_worker.py."""
+    return [sys.executable, WORKER]

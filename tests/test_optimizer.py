@@ -1,0 +1,151 @@
+"""tfdist.DistributedOptimizer on the tf.distribute engine (in-process, logical CPU devices)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.workers import common
+from tfdist.comm import ring_bytes
+
+STEPS, BATCH = 6, 32
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_same_weights_as_plain_mirrored_strategy(mirrored, n, optimizer):
+    plain, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(n), wrap=False,
+                            optimizer=optimizer)
+    ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(n), optimizer=optimizer)
+    common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0, atol=1e-6)
+    params = ours.count_params()
+    assert opt.communication_rounds == STEPS
+    assert opt.bytes_sent == pytest.approx(STEPS * ring_bytes("all_reduce", 4 * params, n))
+
+
+def test_world_of_one_sends_nothing_and_matches_plain(mirrored):
+    plain, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(1), wrap=False)
+    ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(1))
+    common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0, atol=1e-6)
+    assert opt.bytes_sent == 0.0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulation_of_4_micro_steps_equals_one_4x_batch_step(mirrored, optimizer):
+    big, _ = common.train("strategy", 2, 4 * BATCH, strategy=mirrored(2), wrap=False,
+                          optimizer=optimizer)
+    acc, opt = common.train("strategy", 8, 4 * BATCH, strategy=mirrored(2), optimizer=optimizer,
+                            accumulation_steps=4)
+    common.assert_weights_close(common.weights(acc), common.weights(big), rtol=1e-5, atol=1e-6)
+    assert opt.communication_rounds == 2           # one exchange per 4 micro-steps
+    assert int(opt.iterations.numpy()) == 2        # the inner optimizer stepped twice
+    assert int(opt._iterations.numpy()) == 8       # eight micro-steps
+
+
+def test_keras_own_accumulation_fails_under_mirrored_fit_ours_does_not(mirrored):
+    """Documents why the wrapper does accumulation itself (merge_call inside a cond)."""
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05, gradient_accumulation_steps=2),
+                      loss="sparse_categorical_crossentropy")
+    data = common.distribute(strategy, x, y, BATCH, shuffle=False)
+    with pytest.raises(Exception, match="merge_call"):
+        model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
+
+
+def test_serialization_round_trip():
+    opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(3e-3, beta_1=0.8),
+                                      accumulation_steps=3, loss_scale=None, name="dist")
+    config = keras.saving.serialize_keras_object(opt)
+    again = keras.saving.deserialize_keras_object(config)
+    assert type(again) is tfdist.DistributedOptimizer
+    assert again.accumulation_steps == 3 and again.loss_scale is None and again.name == "dist"
+    assert isinstance(again.inner_optimizer, keras.optimizers.Adam)
+    assert again.inner_optimizer.beta_1 == pytest.approx(0.8)
+    assert again.get_config() == opt.get_config()
+
+
+def test_model_save_and_load_keeps_optimizer_state(mirrored, tmp_path):
+    model, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(2), optimizer="adam")
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded.optimizer) is tfdist.DistributedOptimizer
+    common.assert_weights_close(common.weights(loaded), common.weights(model), rtol=0, atol=0)
+    assert loaded.optimizer.bytes_sent == opt.bytes_sent
+    assert loaded.optimizer.communication_rounds == STEPS
+    saved_m = [v.numpy() for v in opt.inner_optimizer.variables if "momentum" in v.path]
+    loaded_m = [v.numpy() for v in loaded.optimizer.inner_optimizer.variables if "momentum" in v.path]
+    assert saved_m and len(saved_m) == len(loaded_m)
+    for a, b in zip(saved_m, loaded_m):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_policies_train(mirrored, policy):
+    keras.config.set_dtype_policy(policy)
+    try:
+        strategy = mirrored(2)
+        x, y = common.load_digits()
+        with strategy.scope():
+            model = common.make_model(hidden=(32,))
+            opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2))
+            model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        assert model.optimizer is opt, "Keras must not wrap a tfdist optimizer again"
+        assert opt.dynamic == (policy == "mixed_float16")
+        data = common.distribute(strategy, x, y, 64)
+        hist = model.fit(data, epochs=3, steps_per_epoch=20, verbose=0)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    losses = hist.history["loss"]
+    assert all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0]
+    if policy == "mixed_float16":
+        assert float(opt.dynamic_scale.numpy()) > 0
+
+
+def test_dynamic_loss_scale_skips_non_finite_steps_on_every_replica(mirrored):
+    strategy = mirrored(2)
+    with strategy.scope():
+        var = keras.Variable(np.ones(3, np.float32))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(1.0), loss_scale="dynamic",
+                                          initial_scale=4.0)
+        opt.build([var])
+
+    @tf.function
+    def step(bad):
+        def fn():
+            rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+            g = tf.fill([3], 4.0)  # scaled gradient: 1.0 after unscaling by 4
+            g = tf.where(tf.logical_and(bad, tf.equal(rid, 1)), tf.fill([3], np.inf), g)
+            opt.apply([g], [var])
+        strategy.run(fn)
+
+    step(tf.constant(True))  # replica 1 overflows: every replica must skip and halve the scale
+    for v in strategy.experimental_local_results(var.value):
+        np.testing.assert_array_equal(v, np.ones(3))
+    assert float(opt.dynamic_scale.numpy()) == 2.0
+    step(tf.constant(False))
+    for v in strategy.experimental_local_results(var.value):
+        np.testing.assert_allclose(v, 1.0 - 2 * 4.0 / 2.0)  # sum of 2 replicas / scale 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(accumulation_steps=0), "accumulation_steps"),
+    (dict(accumulation_steps=2.5), "accumulation_steps"),
+    (dict(loss_scale="static"), "loss_scale"),
+])
+def test_bad_arguments_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_rejects_wrapped_or_accumulating_inner_optimizers():
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        tfdist.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2))
+    with pytest.raises(ValueError, match="Keras optimizer"):
+        tfdist.DistributedOptimizer("adam")

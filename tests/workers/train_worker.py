@@ -1,0 +1,58 @@
+"""A worker process for multi-process tests: trains `common.train` and saves its weights.
+
+    python tests/workers/train_worker.py --engine multi_worker|horovod --out DIR [options]
+
+Writes DIR/rank{R}.npz and DIR/rank{R}.json (bytes sent, rounds) and prints DONE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.workers import common  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["multi_worker", "horovod"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--accumulation-steps", type=int, default=1)
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--mismatch-rank", type=int, default=-1,
+                   help="this rank builds a wider hidden layer than the others")
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args()
+
+    import tfdist
+
+    if args.engine == "horovod":
+        import tfdist.horovod as thvd
+
+        thvd.init()
+        rank = thvd.rank()
+        engine, strategy = "horovod", None
+    else:
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=args.timeout)
+        rank = strategy.cluster_resolver.task_id
+        engine = "strategy"
+    hidden = (common.HIDDEN[0] + 1,) if rank == args.mismatch_rank else common.HIDDEN
+    model, opt = common.train(
+        engine, args.steps, args.global_batch, strategy=strategy,
+        accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
+    )
+    os.makedirs(args.out, exist_ok=True)
+    common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"bytes_sent": opt.bytes_sent, "rounds": opt.communication_rounds}, f)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

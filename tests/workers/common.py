@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.data import distribute, global_batches, load_digits, shard_batches
-from tfdist.models import build_model
+from tfdist.models import build_model  # noqa: F401 (re-exported for workers)
 
 SEED = 3
 HIDDEN = (16,)

@@ -9,7 +9,6 @@ updated every batch), then base_lr * scale.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 
 def warmup_learning_rate(base_lr: float, scale: float, warmup_epochs: float, epoch: float) -> float:
@@ -59,7 +58,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self._epoch = 0
 
     def _default_scale(self) -> float:
-        return float(tf.distribute.get_strategy().num_replicas_in_sync)
+        return float(self.model.distribute_strategy.num_replicas_in_sync)
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer

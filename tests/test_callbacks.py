@@ -1,0 +1,72 @@
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.workers import common
+from tfdist.callbacks import CommunicationStats, LearningRateWarmup, warmup_learning_rate
+
+
+def test_warmup_schedule_is_linear_then_flat():
+    assert warmup_learning_rate(0.1, 4, 2, 0.0) == pytest.approx(0.1)
+    assert warmup_learning_rate(0.1, 4, 2, 1.0) == pytest.approx(0.25)
+    assert warmup_learning_rate(0.1, 4, 2, 2.0) == pytest.approx(0.4)
+    assert warmup_learning_rate(0.1, 4, 2, 7.5) == pytest.approx(0.4)
+
+
+def test_warmup_scales_by_replicas_under_mirrored_strategy(mirrored):
+    strategy = mirrored(4)
+    lrs = []
+    cb = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda b, logs: lrs.append(
+            float(model.optimizer.learning_rate.numpy())))
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                      loss="sparse_categorical_crossentropy")
+    data = common.distribute(strategy, x, y, 32)
+    model.fit(data, epochs=2, steps_per_epoch=2, verbose=0,
+              callbacks=[LearningRateWarmup(warmup_epochs=1), cb])
+    np.testing.assert_allclose(lrs, [0.01, 0.025, 0.04, 0.04], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(warmup_epochs=0), dict(warmup_epochs=1, scale=-1),
+                                    dict(warmup_epochs=1, steps_per_epoch=0)])
+def test_warmup_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        LearningRateWarmup(**kwargs)
+
+
+def test_warmup_refuses_a_schedule(mirrored):
+    model = common.make_model()
+    sched = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    model.compile(optimizer=keras.optimizers.SGD(sched), loss="sparse_categorical_crossentropy")
+    x, y = common.load_digits()
+    with pytest.raises(ValueError, match="LearningRateSchedule"):
+        model.fit(x[:64], y[:64], epochs=1, verbose=0,
+                  callbacks=[LearningRateWarmup(warmup_epochs=1, scale=2)])
+
+
+def test_communication_stats_logs_bytes_per_step_and_tensorboard(mirrored, tmp_path):
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model()
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.01), accumulation_steps=2)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    data = common.distribute(strategy, x, y, 32)
+    hist = model.fit(data, epochs=2, steps_per_epoch=4, verbose=0,
+                     callbacks=[CommunicationStats(log_dir=str(tmp_path), update_freq=2)])
+    per_round = 4 * model.count_params()  # all-reduce of 4P bytes over 2 replicas
+    assert hist.history["bytes_per_step"] == [per_round / 2, per_round / 2]  # 1 round per 2 steps
+    assert hist.history["communication_rounds"] == [2.0, 4.0]
+    assert list((tmp_path / "comm").iterdir()), "no TensorBoard event file written"
+
+
+def test_communication_stats_needs_a_tfdist_optimizer():
+    model = common.make_model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = common.load_digits()
+    with pytest.raises(ValueError, match="needs a tfdist optimizer"):
+        model.fit(x[:32], y[:32], verbose=0, callbacks=[CommunicationStats()])

@@ -1,0 +1,62 @@
+"""The Horovod engine: callbacks under horovodrun, and import without Horovod."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, horovod_available, worker_env
+from tests.workers import common
+from tfdist.launch import run_horovod
+
+needs_horovod = pytest.mark.skipif(
+    not horovod_available(),
+    reason="Horovod is not installed: run launch/build_horovod.sh (see BUILD.md)",
+)
+
+
+def test_import_tfdist_works_without_horovod():
+    code = (
+        "import sys; sys.modules['horovod'] = None\n"
+        "import tfdist, tfdist.horovod as thvd\n"
+        "assert not thvd.is_available()\n"
+        "try:\n    thvd.init()\nexcept ImportError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=worker_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ERR The Horovod engine needs Horovod" in out.stdout
+    assert "build_horovod.sh" in out.stdout
+
+
+@needs_horovod
+def test_horovod_optimizer_serializes_under_its_own_name():
+    import tfdist.horovod as thvd
+
+    opt = thvd.DistributedOptimizer(keras.optimizers.SGD(0.1), accumulation_steps=2)
+    config = keras.saving.serialize_keras_object(opt)
+    assert config["registered_name"] == "tfdist.horovod>DistributedOptimizer"
+    again = keras.saving.deserialize_keras_object(config)
+    assert type(again) is thvd.DistributedOptimizer and again.accumulation_steps == 2
+
+
+@needs_horovod
+@pytest.mark.multiprocess
+@pytest.mark.horovod
+def test_callbacks_broadcast_average_and_warm_up(tmp_path):
+    result = run_horovod([sys.executable, f"{ROOT}/tests/workers/horovod_callbacks_worker.py",
+                          str(tmp_path)], 2, 240, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    w = [common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1)]
+    common.assert_weights_close(w[0], w[1], rtol=0, atol=0)  # broadcast made them one model
+    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # MetricAverage: both ranks report the same (averaged) epoch metrics.
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(logs[0]["history"][key], logs[1]["history"][key], rtol=1e-6)
+    # Warm-up from 0.01 to 0.01 * 2 ranks over 2 epochs of 4 steps, then flat.
+    expected = [0.01 * (1 + t / 8) for t in range(8)] + [0.02] * 4
+    np.testing.assert_allclose(logs[0]["lrs"], expected, rtol=1e-6)
+    assert logs[0]["lrs"] == logs[1]["lrs"]

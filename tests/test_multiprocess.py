@@ -1,0 +1,103 @@
+"""Multi-process parity: TF_CONFIG workers and horovodrun ranks on 127.0.0.1 (hard timeouts).
+
+Each run trains tests/workers/common.py's model; the reference is the same run in this process on
+a MirroredStrategy over 2 logical devices, on the same global batches.
+"""
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import horovod_available, worker_env
+from tests.workers import common
+from tfdist.comm import ring_bytes
+from tfdist.launch import run_horovod, run_tf_workers
+
+pytestmark = pytest.mark.multiprocess
+TIMEOUT = 240
+needs_horovod = pytest.mark.skipif(
+    not horovod_available(),
+    reason="Horovod is not installed: run launch/build_horovod.sh (see BUILD.md)",
+)
+
+
+def _outputs(results):
+    return "\n".join(f"--- worker {r.rank} (exit {r.returncode}) ---\n{r.output[-3000:]}"
+                     for r in results)
+
+
+def _reference(mirrored, steps=6, accumulation_steps=1, optimizer="sgd"):
+    model, _ = common.train("strategy", steps, 32, strategy=mirrored(2), wrap=False,
+                            optimizer=optimizer)
+    return common.weights(model)
+
+
+def _check_ranks(out, reference, params):
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)  # identical on both workers
+    common.assert_weights_close(w0, reference, rtol=1e-5, atol=1e-6)
+    stats = json.loads((out / "rank0.json").read_text())
+    assert stats["rounds"] == 6
+    assert stats["bytes_sent"] == pytest.approx(6 * ring_bytes("all_reduce", 4 * params, 2))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_tf_config_workers_match_mirrored_strategy(mirrored, worker_cmd, tmp_path, optimizer):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--optimizer", optimizer],
+        2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    reference = _reference(mirrored, optimizer=optimizer)
+    _check_ranks(tmp_path, reference, common.make_model().count_params())
+
+
+def test_mismatched_tf_config_worker_fails_fast_and_clearly(worker_cmd, tmp_path):
+    start = time.monotonic()
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--mismatch-rank", "1",
+         "--timeout", "30"], 2, TIMEOUT, env=worker_env())
+    assert time.monotonic() - start < 120
+    assert all(r.returncode not in (0, None) for r in results), _outputs(results)
+    text = _outputs(results)
+    # TF's variable-creation broadcast already compares shapes; tfdist's check covers the rest.
+    assert "Shape mismatch" in text or "models differ" in text, text
+    assert "[64,17]" in text or "1285 parameters" in text
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_horovod_ranks_match_mirrored_strategy(mirrored, worker_cmd, tmp_path, optimizer):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", optimizer],
+        2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    _check_ranks(tmp_path, _reference(mirrored, optimizer=optimizer),
+                 common.make_model().count_params())
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_horovod_accumulation_matches_one_big_batch_step(mirrored, worker_cmd, tmp_path):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--steps", "8",
+         "--global-batch", "128", "--accumulation-steps", "4"], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    big, _ = common.train("strategy", 2, 128, strategy=mirrored(2), wrap=False)
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    common.assert_weights_close(w0, common.weights(big), rtol=1e-5, atol=1e-6)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_mismatched_horovod_rank_fails_fast_with_tfdist_error(worker_cmd, tmp_path):
+    start = time.monotonic()
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--mismatch-rank", "1"],
+        2, TIMEOUT, env=worker_env())
+    assert time.monotonic() - start < 120
+    assert result.returncode not in (0, None), result.output[-5000:]
+    assert "The workers' models differ" in result.output
+    assert "rank 1: 4 variables, 1285 parameters" in result.output

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets up tfdist on a fresh machine: a virtual environment in .venv with tfdist and its
+# dependencies; with --horovod also Horovod built against that TensorFlow; with --dev the test
+# and lint tools. Idempotent: run it again and it only does what is missing.
+#
+# Usage: launch/setup.sh [--horovod] [--dev]      (from the repository root)
+# Env:   PYTHON (default python3.11, else python3), VENV (default .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_horovod=0
+extras=""
+for arg in "$@"; do
+  case "$arg" in
+    --horovod) with_horovod=1; extras="${extras:+$extras,}horovod" ;;
+    --dev) extras="${extras:+$extras,}dev" ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (use --horovod and/or --dev)" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VENV=${VENV:-.venv}
+"$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))' \
+  || { echo "setup: tfdist needs Python 3.10-3.12 (TensorFlow 2.21); $PYTHON is $("$PYTHON" -V)" >&2; exit 1; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV with $("$PYTHON" -V)"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
+fi
+echo "setup: installing tfdist${extras:+ [$extras]} (TensorFlow 2.21, Keras 3.15, ...)"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
+
+if [ "$with_horovod" = 1 ]; then
+  bash launch/build_horovod.sh "$VENV/bin/python"
+fi
+echo "setup: done ($("$VENV/bin/python" -c 'import tensorflow as tf, keras; print(f"tensorflow {tf.__version__}, keras {keras.__version__}")' 2>/dev/null))"

@@ -1,0 +1,116 @@
+"""The `tfdist` command.
+
+    tfdist train --config configs/default.yaml [--set train.epochs=3 ...]
+    tfdist bench --suite engines [--quick]
+    tfdist info
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+COMMANDS = ("train", "bench", "info")
+
+flags.DEFINE_string("config", None, "Path to a YAML config (see configs/).")
+flags.DEFINE_multi_string("set", [], "Override a config value: --set section.key=value "
+                          "(repeatable), e.g. --set train.epochs=3.")
+flags.DEFINE_enum("suite", "engines", ["engines"], "Benchmark suite to run.")
+flags.DEFINE_bool("quick", False, "Benchmark: fewer steps and repeats.")
+flags.DEFINE_integer("steps", None, "Benchmark: timed steps per repeat.")
+flags.DEFINE_integer("repeats", None, "Benchmark: repeats per engine (interleaved).")
+flags.DEFINE_string("out", "runs/bench", "Benchmark: output directory (table and JSON).")
+
+
+def _usage(message: str) -> None:
+    raise app.UsageError(f"{message}\nUsage: tfdist {{{'|'.join(COMMANDS)}}} [flags]; "
+                         "tfdist --helpfull lists the flags.")
+
+
+def cmd_train() -> int:
+    from tfdist.config import ConfigError, load_config
+
+    try:
+        config = load_config(FLAGS.config or "configs/default.yaml", FLAGS.set)
+    except ConfigError as e:
+        print(f"tfdist train: {e}", file=sys.stderr)
+        return 2
+    from tfdist.runner import train
+
+    summary = train(config)
+    if "summary_path" in summary:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    dense = s["gradient_bytes_per_round"]
+    print()
+    print(f"engine            {s['engine']} ({s['world_size']} workers/replicas)")
+    print(f"test accuracy     {s['test_accuracy']:.4f} on {s['test_examples']} held-out examples")
+    print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
+          f"{s['final_train_accuracy']:.4f}, last epoch)")
+    print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
+          f"({s['communication_rounds']} all-reduce rounds of {dense:,} gradient bytes; "
+          f"total {s['bytes_sent_total']:,.0f})")
+    print(f"time              {s['train_seconds']:.1f} s")
+    print(f"summary           {s['summary_path']}")
+
+
+def cmd_info() -> int:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.horovod import is_available
+
+    info = {
+        "tfdist": tfdist.__version__,
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "python": sys.version.split()[0],
+        "devices": {kind: [d.name for d in tf.config.list_physical_devices(kind)]
+                    for kind in ("CPU", "GPU")},
+        "engines": {"tf.distribute": True, "horovod": is_available()},
+    }
+    if is_available():
+        import horovod
+        import horovod.tensorflow as hvd
+
+        info["horovod"] = {"version": horovod.__version__, "gloo": bool(hvd.gloo_built()),
+                           "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def cmd_bench() -> int:
+    from tfdist.bench import run_suite
+
+    run_suite(FLAGS.suite, quick=FLAGS.quick, steps=FLAGS.steps, repeats=FLAGS.repeats,
+              out=FLAGS.out)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        _usage("Missing command.")
+    if len(argv) > 2:
+        _usage(f"Unexpected arguments: {' '.join(argv[2:])}.")
+    command = argv[1]
+    if command not in COMMANDS:
+        _usage(f"Unknown command {command!r}.")
+    return {"train": cmd_train, "bench": cmd_bench, "info": cmd_info}[command]()
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,201 @@
+"""Experiment configs: YAML files in configs/, validated before anything starts.
+
+A config has five sections (`model`, `data`, `engine`, `optimizer`, `train`); every key has a
+default, a type and a rule. `load_config` fills defaults, applies `section.key=value` overrides
+and reports *every* problem at once, each naming the key, the value received and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from tfdist.models import MODELS
+
+
+class ConfigError(ValueError):
+    """A config is invalid; the message lists every problem found."""
+
+
+@dataclass(frozen=True)
+class Field:
+    default: Any
+    types: tuple[type, ...]
+    rule: str
+    check: Callable[[Any], bool] = lambda v: True
+    nullable: bool = False
+
+
+def _int(rule: str, check: Callable[[int], bool], default, nullable=False) -> Field:
+    return Field(default, (int,), rule, check, nullable)
+
+
+def _float(rule: str, check: Callable[[float], bool], default, nullable=False) -> Field:
+    return Field(default, (int, float), rule, check, nullable)
+
+
+def _choice(choices: tuple, default) -> Field:
+    return Field(default, tuple({type(c) for c in choices if c is not None}) or (str,),
+                 f"one of {list(choices)}", lambda v: v in choices, None in choices)
+
+
+def _positive_ints(v) -> bool:
+    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i > 0
+                                       for i in v)
+
+
+ENGINES = ("single", "mirrored", "multi_worker", "horovod")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    "model": {
+        "name": _choice(tuple(sorted(MODELS)), "cnn"),
+        "hidden": Field([64], (list,), "a list of positive integers (Dense widths)",
+                        _positive_ints),
+    },
+    "data": {
+        "name": _choice(("digits", "synthetic"), "digits"),
+        "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64),
+        "test_fraction": _float("a number in (0, 1)", lambda v: 0 < v < 1, 0.2),
+        "seed": _int("an integer", lambda v: True, 0),
+        "num_examples": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 4096),
+        "input_shape": Field([32], (list,), "a list of positive integers (synthetic data only)",
+                             _positive_ints),
+        "num_classes": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 10),
+    },
+    "engine": {
+        "name": _choice(ENGINES, "mirrored"),
+        "devices": _int("an integer >= 1 (logical CPU devices when there is no GPU)",
+                        lambda v: v >= 1, 2),
+        "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True),
+    },
+    "optimizer": {
+        "name": _choice(OPTIMIZERS, "adam"),
+        "learning_rate": _float("a number > 0", lambda v: v > 0, 1e-3),
+        "momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
+        "weight_decay": _float("a number >= 0", lambda v: v >= 0, 0.0),
+        "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1),
+        "loss_scale": _choice(("auto", "dynamic", None), "auto"),
+        "scale_lr_by_workers": Field(False, (bool,), "true or false"),
+        "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0),
+    },
+    "train": {
+        "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),
+        "steps_per_epoch": _int("an integer >= 1, or null (one pass over the data)",
+                                lambda v: v >= 1, None, nullable=True),
+        "seed": _int("an integer", lambda v: True, 0),
+        "precision": _choice(PRECISIONS, "float32"),
+        "output_dir": Field("runs/default", (str,), "a directory path"),
+        "verbose": _int("0, 1 or 2", lambda v: v in (0, 1, 2), 1),
+    },
+}
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {s: {k: copy.deepcopy(f.default) for k, f in fields.items()}
+            for s, fields in SCHEMA.items()}
+
+
+def _unknown(key: str, allowed) -> str:
+    near = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    return f"unknown key '{key}'{hint}; allowed: {', '.join(sorted(allowed))}"
+
+
+def validate(raw: Any) -> dict[str, dict[str, Any]]:
+    """Returns the full config (defaults filled) or raises ConfigError listing every problem."""
+    errors: list[str] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"A config must be a mapping of sections; got {type(raw).__name__}.")
+    config = defaults()
+    for section, values in raw.items():
+        if section not in SCHEMA:
+            errors.append(_unknown(str(section), SCHEMA))
+            continue
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            errors.append(f"{section}: must be a mapping of keys; got {values!r}")
+            continue
+        for key, value in values.items():
+            field = SCHEMA[section].get(key)
+            name = f"{section}.{key}"
+            if field is None:
+                errors.append(f"{section}: {_unknown(str(key), SCHEMA[section])}")
+                continue
+            if value is None and field.nullable:
+                config[section][key] = None
+                continue
+            ok_type = isinstance(value, field.types) and not (
+                isinstance(value, bool) and bool not in field.types)
+            if not ok_type or not field.check(value):
+                errors.append(f"{name}: got {value!r}; must be {field.rule}")
+                continue
+            config[section][key] = value
+    errors += _cross_checks(config)
+    if errors:
+        raise ConfigError("Invalid config:\n  " + "\n  ".join(errors))
+    return config
+
+
+def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
+    errors = []
+    engine, data = c["engine"], c["data"]
+    if engine["name"] == "mirrored" and data["global_batch_size"] % engine["devices"]:
+        errors.append(
+            f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
+            f"engine.devices ({engine['devices']}): use a multiple of {engine['devices']}")
+    if c["optimizer"]["accumulation_steps"] > 1 and \
+            data["global_batch_size"] % c["optimizer"]["accumulation_steps"]:
+        errors.append(
+            f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
+            f"optimizer.accumulation_steps ({c['optimizer']['accumulation_steps']})")
+    if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
+        errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
+                      "use 'auto' or null")
+    return errors
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """'section.key=value' -> (section, key, YAML-parsed value)."""
+    path, sep, value = text.partition("=")
+    section, dot, key = path.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(
+            f"Override {text!r} must look like section.key=value (e.g. train.epochs=3).")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Override {text!r}: the value is not valid YAML ({e}).") from e
+    return section, key, parsed
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> dict[str, dict[str, Any]]:
+    """Reads a YAML config (or starts from defaults), applies overrides, validates."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"Config file not found: {p}. Configs live in configs/.")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: a config must be a mapping of sections.")
+    raw = copy.deepcopy(raw)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if not isinstance(raw.get(section), dict):
+            raw[section] = {} if raw.get(section) is None else raw[section]
+        if isinstance(raw[section], dict):
+            raw[section][key] = value
+    return validate(raw)

@@ -1,0 +1,202 @@
+"""Runs one training job from a validated config (what `tfdist train` does)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+from tfdist.callbacks import CommunicationStats, LearningRateWarmup
+from tfdist.data import distribute, global_batches, load_digits, shard_batches, synthetic_classification
+from tfdist.models import build_model
+from tfdist.optimizers import DistributedOptimizer
+
+
+def configure_devices(count: int) -> list[str]:
+    """Makes `count` devices available: the first GPUs, else `count` logical CPU devices.
+
+    Must run before TensorFlow initialises its runtime (before the first op).
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if len(gpus) < count:
+            raise ValueError(f"engine.devices is {count} but only {len(gpus)} GPUs are visible.")
+        return [f"/gpu:{i}" for i in range(count)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:  # runtime already initialised (e.g. in tests): use what exists
+        pass
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(names) < count:
+        raise ValueError(
+            f"engine.devices is {count} but TensorFlow was already initialised with "
+            f"{len(names)} CPU devices; run tfdist train in a fresh process.")
+    return names[:count]
+
+
+@dataclass
+class Engine:
+    name: str
+    strategy: tf.distribute.Strategy | None
+    world_size: int
+    rank: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+def make_engine(config: dict[str, Any]) -> Engine:
+    name = config["engine"]["name"]
+    if name == "horovod":
+        import tfdist.horovod as thvd
+
+        thvd.init()
+        return Engine(name, None, thvd.size(), thvd.rank())
+    if name == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError(
+                "engine.name is 'multi_worker' but TF_CONFIG is not set: start the workers with "
+                "`python -m tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
+        strategy = tfdist.MultiWorkerMirroredStrategy(
+            timeout_seconds=config["engine"]["timeout_seconds"])
+        return Engine(name, strategy, strategy.num_replicas_in_sync,
+                      int(strategy.cluster_resolver.task_id or 0))
+    if name == "mirrored":
+        devices = configure_devices(config["engine"]["devices"])
+        strategy = tfdist.strategies.new_mirrored_strategy(devices)
+        return Engine(name, strategy, strategy.num_replicas_in_sync, 0)
+    return Engine(name, None, 1, 0)
+
+
+def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
+    wd = c["weight_decay"] or None
+    if c["name"] == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=c["momentum"], weight_decay=wd)
+    if c["name"] == "adam":
+        return keras.optimizers.Adam(learning_rate, weight_decay=wd)
+    if c["name"] == "adamw":
+        return keras.optimizers.AdamW(learning_rate, weight_decay=c["weight_decay"] or 0.004)
+    return keras.optimizers.RMSprop(learning_rate, weight_decay=wd)
+
+
+def _data(c: dict[str, Any]):
+    d = c["data"]
+    if d["name"] == "digits":
+        train = load_digits("train", d["test_fraction"], d["seed"])
+        test = load_digits("test", d["test_fraction"], d["seed"])
+        return train, test, (8, 8, 1), 10
+    x, y = synthetic_classification(d["num_examples"], tuple(d["input_shape"]), d["num_classes"],
+                                    d["seed"])
+    n_test = max(1, int(round(len(y) * d["test_fraction"])))
+    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]), \
+        d["num_classes"]
+
+
+def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Trains as `config` says; returns (and on the chief writes) the run summary."""
+    start = time.time()
+    engine = make_engine(config)
+    keras.utils.set_random_seed(config["train"]["seed"])
+    keras.config.set_dtype_policy(config["train"]["precision"])
+    (x, y), (x_test, y_test), input_shape, num_classes = _data(config)
+
+    opt_cfg, data_cfg = config["optimizer"], config["data"]
+    accumulation = opt_cfg["accumulation_steps"]
+    micro_batch = data_cfg["global_batch_size"] // accumulation
+    if micro_batch % engine.world_size:
+        raise ValueError(
+            f"data.global_batch_size / optimizer.accumulation_steps = {micro_batch} must divide by "
+            f"the {engine.world_size} workers/replicas: use a multiple of "
+            f"{engine.world_size * accumulation} for data.global_batch_size.")
+    if micro_batch > len(y):
+        raise ValueError(f"data.global_batch_size ({data_cfg['global_batch_size']}) is larger "
+                         f"than the training set ({len(y)} examples).")
+    scale = engine.world_size if opt_cfg["scale_lr_by_workers"] else 1
+    warmup = opt_cfg["warmup_epochs"] > 0 and scale > 1
+    lr = opt_cfg["learning_rate"] * (1 if warmup else scale)
+
+    scope = engine.strategy.scope() if engine.strategy else contextlib.nullcontext()
+    with scope:
+        model = build_model(config["model"]["name"], input_shape, num_classes,
+                            config["model"]["hidden"])
+        inner = _inner_optimizer(opt_cfg, lr)
+        kwargs = dict(accumulation_steps=accumulation, loss_scale=opt_cfg["loss_scale"])
+        if engine.name == "horovod":
+            import tfdist.horovod as thvd
+
+            optimizer = thvd.DistributedOptimizer(inner, **kwargs)
+        else:
+            optimizer = DistributedOptimizer(inner, **kwargs)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+
+    steps = config["train"]["steps_per_epoch"] or max(1, len(y) // micro_batch)
+    seed = data_cfg["seed"]
+    callbacks: list[keras.callbacks.Callback] = []
+    if engine.name == "horovod":
+        import tfdist.horovod as thvd
+
+        dataset = shard_batches(global_batches(x, y, micro_batch, seed=seed), engine.rank,
+                                engine.world_size)
+        callbacks += [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
+        if warmup:
+            callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
+    elif engine.strategy is not None:
+        dataset = distribute(engine.strategy, x, y, micro_batch, seed=seed)
+        if warmup:
+            callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"]))
+    else:
+        dataset = global_batches(x, y, micro_batch, seed=seed)
+    output = Path(config["train"]["output_dir"])
+    callbacks.append(CommunicationStats(log_dir=str(output / "tensorboard")
+                                        if engine.is_chief else None))
+
+    verbose = config["train"]["verbose"] if (engine.is_chief and progress) else 0
+    history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
+                        verbose=verbose, callbacks=callbacks)
+    train_seconds = time.time() - start
+
+    probabilities = model(x_test, training=False)
+    test_accuracy = float(np.mean(np.argmax(np.asarray(probabilities), axis=1) == y_test))
+    total_steps = steps * config["train"]["epochs"]
+    params = int(model.count_params())
+    trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    summary = {
+        "engine": engine.name,
+        "world_size": engine.world_size,
+        "test_accuracy": test_accuracy,
+        "test_examples": int(len(y_test)),
+        "final_train_loss": float(history.history["loss"][-1]),
+        "final_train_accuracy": float(history.history["accuracy"][-1]),
+        "steps": total_steps,
+        "parameters": params,
+        "bytes_sent_total": optimizer.bytes_sent,
+        "bytes_sent_per_step": optimizer.bytes_sent / total_steps,
+        "communication_rounds": optimizer.communication_rounds,
+        "trainable_parameters": trainable,
+        "gradient_bytes_per_round": 4 * trainable,
+        "train_seconds": round(train_seconds, 2),
+        "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
+                     "keras": keras.__version__, "python": platform.python_version()},
+        "config": config,
+    }
+    if engine.is_chief:
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary["summary_path"] = str(output / "summary.json")
+    keras.config.set_dtype_policy("float32")
+    return summary
+

@@ -171,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         if r.returncode != 0:
             state = "was stopped" if r.returncode is None else f"exited with {r.returncode}"
             print(f"[launch] worker {r.rank} {state}", file=sys.stderr)
-    return next((r.returncode or 1 for r in results if r.returncode != 0), 0)
+    failed = [r.returncode for r in results if r.returncode not in (0, None)]
+    if failed:
+        return failed[0]
+    return 1 if any(r.returncode is None for r in results) else 0
 
 
 if __name__ == "__main__":

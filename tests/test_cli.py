@@ -1,0 +1,75 @@
+"""End to end: the `tfdist` command in fresh processes, as a user runs it."""
+
+import json
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, horovod_available, worker_env
+from tfdist.launch import run_horovod, run_tf_workers
+
+TFDIST = [sys.executable, "-m", "tfdist.cli"]
+
+
+def _run(args, timeout=300):
+    return subprocess.run([*TFDIST, *args], capture_output=True, text=True, cwd=ROOT,
+                          env=worker_env(), timeout=timeout)
+
+
+def test_train_default_config_prints_accuracy_and_bytes(tmp_path):
+    out = _run(["train", "--config", "configs/default.yaml", "--set", "train.epochs=3",
+                "--set", f"train.output_dir={tmp_path}", "--set", "train.verbose=2"])
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.8
+    assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2: 2(N-1)/N=1
+    assert summary["communication_rounds"] == summary["steps"]
+    assert list((tmp_path / "tensorboard" / "comm").iterdir())
+
+
+def test_train_rejects_a_bad_config_before_training(tmp_path):
+    out = _run(["train", "--set", "train.epochs=0", "--set", "optimizer.name=adagrad"])
+    assert out.returncode == 2
+    assert "train.epochs: got 0" in out.stderr and "optimizer.name: got 'adagrad'" in out.stderr
+    assert "Epoch" not in out.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    out = _run(["fit"])
+    assert out.returncode != 0 and "Unknown command 'fit'" in out.stderr
+
+
+def test_info_lists_versions_and_engines():
+    out = _run(["info"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads(out.stdout[out.stdout.index("{"):])
+    assert info["tensorflow"].startswith("2.21") and info["keras"].startswith("3.15")
+    assert info["engines"]["horovod"] == horovod_available()
+
+
+@pytest.mark.multiprocess
+def test_train_on_two_tf_config_workers(tmp_path):
+    results = run_tf_workers(
+        [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set", "train.epochs=2",
+         "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
+         "--set", "train.verbose=0"], 2, 300, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] > 0.7
+
+
+@pytest.mark.multiprocess
+@pytest.mark.horovod
+@pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")
+def test_train_on_two_horovod_ranks(tmp_path):
+    result = run_horovod(
+        [*TFDIST, "train", "--set", "engine.name=horovod", "--set", "train.epochs=2",
+         "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
+         "--set", "train.verbose=0"], 2, 300, env=worker_env())
+    assert result.returncode == 0, result.output[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["engine"] == "horovod" and summary["test_accuracy"] > 0.7
+

@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+
+from tfdist.config import ConfigError, defaults, load_config, parse_override, validate
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path):
+    config = load_config(path)
+    assert set(config) == {"model", "data", "engine", "optimizer", "train"}
+
+
+def test_defaults_fill_missing_keys():
+    config = validate({"train": {"epochs": 3}})
+    assert config["train"]["epochs"] == 3
+    assert config["optimizer"] == defaults()["optimizer"]
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"train": {"epochs": 0}}, "train.epochs: got 0; must be an integer >= 1"),
+    ({"train": {"epochs": "3"}}, "train.epochs: got '3'"),
+    ({"train": {"epochs": True}}, "train.epochs: got True"),
+    ({"optimizer": {"name": "adagrad"}}, "optimizer.name: got 'adagrad'; must be one of"),
+    ({"optimizer": {"learning_rate": -1}}, "optimizer.learning_rate: got -1; must be a number > 0"),
+    ({"engine": {"name": "mpi"}}, "engine.name: got 'mpi'"),
+    ({"model": {"hidden": [64, 0]}}, "model.hidden: got [64, 0]"),
+    ({"train": {"epoch": 3}}, "unknown key 'epoch' (did you mean 'epochs'?)"),
+    ({"trian": {}}, "unknown key 'trian' (did you mean 'train'?)"),
+    ({"engine": {"devices": 3}, "data": {"global_batch_size": 64}},
+     "must divide by engine.devices (3): use a multiple of 3"),
+    ({"optimizer": {"accumulation_steps": 3}}, "must divide by optimizer.accumulation_steps (3)"),
+])
+def test_errors_name_key_value_and_rule(raw, message):
+    with pytest.raises(ConfigError) as e:
+        validate(raw)
+    assert message in str(e.value)
+
+
+def test_all_errors_are_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        validate({"train": {"epochs": 0, "verbose": 5}, "optimizer": {"name": "x"}})
+    text = str(e.value)
+    assert "train.epochs" in text and "train.verbose" in text and "optimizer.name" in text
+
+
+def test_overrides_are_yaml_values_and_validated(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  epochs: 5\n")
+    config = load_config(cfg, ["train.epochs=2", "model.hidden=[8, 4]", "optimizer.loss_scale=null"])
+    assert config["train"]["epochs"] == 2
+    assert config["model"]["hidden"] == [8, 4]
+    assert config["optimizer"]["loss_scale"] is None
+    with pytest.raises(ConfigError, match="train.epochs: got -2"):
+        load_config(cfg, ["train.epochs=-2"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("epochs=2")
+
+
+def test_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

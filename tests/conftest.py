@@ -24,8 +24,8 @@ WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 @pytest.fixture
 def mirrored():
     """Factory: a MirroredStrategy over the first n logical CPU devices."""
-    from tfdist.strategies import new_mirrored_strategy
     from tests.workers.common import cpu_devices
+    from tfdist.strategies import new_mirrored_strategy
 
     def make(n: int = 2):
         return new_mirrored_strategy(cpu_devices(n))

@@ -1,7 +1,6 @@
 """End to end: the `tfdist` command in fresh processes, as a user runs it."""
 
 import json
-
 import subprocess
 import sys
 

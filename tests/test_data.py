@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-
 from tfdist.data import distribute, global_batches, load_digits, shard_batches
 
 
@@ -10,7 +9,7 @@ def test_digits_split_is_fixed_and_disjoint():
     xte, yte = load_digits("test")
     assert xtr.shape[1:] == (8, 8, 1) and xtr.dtype == np.float32
     assert len(ytr) + len(yte) == 1797 and len(yte) == 359
-    assert 0.0 <= xtr.min() and xtr.max() <= 1.0
+    assert xtr.min() >= 0.0 and xtr.max() <= 1.0
     assert set(np.unique(ytr)) == set(range(10))
     x2, _ = load_digits("train")
     np.testing.assert_array_equal(xtr, x2)

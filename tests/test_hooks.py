@@ -40,24 +40,27 @@ def test_disable_gradient_all_reduce_makes_apply_local(mirrored):
 
 def test_replica_cond_runs_collectives_in_a_branch(mirrored):
     strategy = mirrored(2)
+    with strategy.scope():
+        total = tf.Variable(0.0, aggregation=tf.VariableAggregation.NONE)
 
     @tf.function
     def step(pred):
         def fn():
-            out = tf.Variable  # noqa: F841 - placeholder to keep fn a closure
-            result = []
+            rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
 
-            def true_fn():
-                ctx = tf.distribute.get_replica_context()
-                result.append(ctx.all_reduce("sum", tf.constant(1.0)))
+            def add_sum(x):  # an all-reduce (merge_call) inside the branch
+                s = tf.distribute.get_replica_context().all_reduce("sum", x)
+                total.assign_add(s + x)  # x: this replica's own value
 
-            _keras_hooks.replica_cond(pred, true_fn, lambda: None)
-            return tf.constant(0.0)
+            _keras_hooks.replica_cond(pred, add_sum, lambda x: None, args=[rid + 1.0])
 
-        return strategy.run(fn)
+        strategy.run(fn)
 
-    step(tf.constant(True))  # would raise "merge_call called while defining a new graph"
+    step(tf.constant(True))  # plain tf.cond raises "merge_call called while defining a new graph"
     step(tf.constant(False))
+    step(tf.constant(True))
+    # Each taken step adds (1 + 2) + own value: replica 0 gets 2 x 4, replica 1 gets 2 x 5.
+    assert [float(v.numpy()) for v in strategy.experimental_local_results(total)] == [8.0, 10.0]
 
 
 def test_collective_key_base_hook_lets_strategies_coexist():

@@ -17,7 +17,13 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup
-from tfdist.data import distribute, global_batches, load_digits, shard_batches, synthetic_classification
+from tfdist.data import (
+    distribute,
+    global_batches,
+    load_digits,
+    shard_batches,
+    synthetic_classification,
+)
 from tfdist.models import build_model
 from tfdist.optimizers import DistributedOptimizer
 
@@ -33,11 +39,10 @@ def configure_devices(count: int) -> list[str]:
             raise ValueError(f"engine.devices is {count} but only {len(gpus)} GPUs are visible.")
         return [f"/gpu:{i}" for i in range(count)]
     cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
+    # RuntimeError: the runtime is already initialised (e.g. in tests): use what exists.
+    with contextlib.suppress(RuntimeError):
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    except RuntimeError:  # runtime already initialised (e.g. in tests): use what exists
-        pass
     names = [d.name for d in tf.config.list_logical_devices("CPU")]
     if len(names) < count:
         raise ValueError(

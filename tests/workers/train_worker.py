@@ -28,10 +28,17 @@ def main() -> None:
     p.add_argument("--mismatch-rank", type=int, default=-1,
                    help="this rank builds a wider hidden layer than the others")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--precision", default="float32")
+    p.add_argument("--plain-strategy", action="store_true",
+                   help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
     args = p.parse_args()
+
+    import keras
+    import tensorflow as tf
 
     import tfdist
 
+    keras.config.set_dtype_policy(args.precision)
     if args.engine == "horovod":
         import tfdist.horovod as thvd
 
@@ -39,7 +46,10 @@ def main() -> None:
         rank = thvd.rank()
         engine, strategy = "horovod", None
     else:
-        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=args.timeout)
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=args.timeout)
+        cls = (tf.distribute.MultiWorkerMirroredStrategy if args.plain_strategy
+               else tfdist.MultiWorkerMirroredStrategy)
+        strategy = cls(communication_options=options)
         rank = strategy.cluster_resolver.task_id
         engine = "strategy"
     hidden = (common.HIDDEN[0] + 1,) if rank == args.mismatch_rank else common.HIDDEN

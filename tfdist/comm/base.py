@@ -21,7 +21,7 @@ time the collective actually runs, so a collective inside a branch that is not t
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf

@@ -8,7 +8,7 @@ every worker by construction), and every worker raises the same clear error.
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf

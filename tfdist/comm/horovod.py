@@ -5,8 +5,6 @@ Horovod is imported when the communicator is created, never at `import tfdist`.
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from tfdist.comm.base import ByteCounter, Communicator
 
 

@@ -8,7 +8,7 @@ keras 3.15.x.
 from __future__ import annotations
 
 import types
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -43,7 +43,8 @@ def uses_merge_call() -> bool:
     return not tf.__internal__.distribute.strategy_supports_no_merge_call()
 
 
-def replica_cond(pred, true_fn: Callable[[], None], false_fn: Callable[[], None]) -> None:
+def replica_cond(pred, true_fn: Callable[..., None], false_fn: Callable[..., None],
+                 args: Sequence = ()) -> None:
     """`tf.cond` whose branches may run collectives and optimizer updates, from replica context.
 
     Under MirroredStrategy, a `tf.cond` in replica context must not contain `merge_call` (which
@@ -51,17 +52,22 @@ def replica_cond(pred, true_fn: Callable[[], None], false_fn: Callable[[], None]
     graph". The cond is then moved to cross-replica context and each branch runs on every replica
     with `call_for_each_replica`, the pattern Keras' LossScaleOptimizer uses. `pred` must be the
     same on every replica.
+
+    Per-replica tensors must reach the branches through `args` (the branches are called as
+    `fn(*args)`), never through a closure: `merge_call` runs a single replica's closure, so a
+    captured tensor would be replica 0's on every replica. Variables may be captured.
     """
+    args = list(args)
     if not uses_merge_call():
-        tf.cond(pred, true_fn, false_fn)
+        tf.cond(pred, lambda: true_fn(*args), lambda: false_fn(*args))
         return
 
-    def merge_fn(distribution, pred):
+    def merge_fn(distribution, pred, *args):
         first = distribution.experimental_local_results(pred)[0]
         tf.cond(
             first,
-            lambda: distribution.extended.call_for_each_replica(true_fn),
-            lambda: distribution.extended.call_for_each_replica(false_fn),
+            lambda: distribution.extended.call_for_each_replica(true_fn, args=args),
+            lambda: distribution.extended.call_for_each_replica(false_fn, args=args),
         )
 
-    tf.distribute.get_replica_context().merge_call(merge_fn, args=(pred,))
+    tf.distribute.get_replica_context().merge_call(merge_fn, args=(pred, *args))

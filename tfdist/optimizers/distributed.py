@@ -205,7 +205,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 acc.assign_add(tf.cast(g, acc.dtype))
         boundary = tf.equal((self._iterations + 1) % k, 0)
 
-        def step():
+        def step():  # reads this replica's accumulators; captures no per-replica tensor
             mean = [None if g is None else acc / k for acc, g in zip(accs, grads)]
             self._reduce_and_apply(comm, mean, variables)
             for acc in accs:
@@ -222,21 +222,26 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.inner_optimizer.apply(grads, variables)
             return
         scale = self.dynamic_scale
-        grads = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
+        present = [i for i, g in enumerate(grads) if g is not None]
+        unscaled = [grads[i] / tf.cast(scale, grads[i].dtype) for i in present]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in unscaled])
 
-        def apply_finite():
-            self.inner_optimizer.apply(grads, variables)
+        def apply_finite(*unscaled):
+            full = [None] * len(grads)
+            for i, g in zip(present, unscaled):
+                full[i] = g
+            self.inner_optimizer.apply(full, variables)
             count = tf.convert_to_tensor(self.step_counter)
             grow = tf.equal(count, self.dynamic_growth_steps - 1)
             self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count + 1))
             self.dynamic_scale.assign(tf.where(grow, scale * 2.0, scale))
 
-        def skip_non_finite():
+        def skip_non_finite(*unscaled):
             self.step_counter.assign(0)
             self.dynamic_scale.assign(scale * 0.5)
 
-        replica_cond(finite, apply_finite, skip_non_finite)
+        # Per-replica tensors go through `args`, not closures (see replica_cond).
+        replica_cond(finite, apply_finite, skip_non_finite, args=unscaled)
 
     def get_config(self) -> dict[str, Any]:
         return {

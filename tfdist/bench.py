@@ -18,43 +18,40 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-MODEL = dict(input_dim=256, hidden=(1024, 1024), classes=10)
+import keras
+
+INPUT_DIM, HIDDEN, CLASSES = 256, (1024, 1024), 10
+MODEL = {"input_dim": INPUT_DIM, "hidden": list(HIDDEN), "classes": CLASSES}
 GLOBAL_BATCH = 256
 
 
-class _StepTimer:
-    """Keras callback collecting the wall time of each training batch."""
+class StepTimer(keras.callbacks.Callback):
+    """Collects the wall time of each training batch."""
 
-    def __new__(cls):
-        import keras
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+        self._start = 0.0
 
-        class Timer(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.times: list[float] = []
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
 
-            def on_train_batch_begin(self, batch, logs=None):
-                self._t = time.perf_counter()
-
-            def on_train_batch_end(self, batch, logs=None):
-                self.times.append(time.perf_counter() - self._t)
-
-        return Timer()
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
 
 
 def _build(strategy, wrap: bool, engine: str = "strategy"):
     import contextlib
-
-    import keras
 
     import tfdist
     from tfdist.models import build_model
 
     keras.utils.set_random_seed(0)
     with strategy.scope() if strategy else contextlib.nullcontext():
-        model = build_model("mlp", (MODEL["input_dim"],), MODEL["classes"], MODEL["hidden"])
+        model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
         opt = keras.optimizers.Adam(1e-3)
         if engine == "horovod":
             import tfdist.horovod as thvd
@@ -69,14 +66,14 @@ def _build(strategy, wrap: bool, engine: str = "strategy"):
 def _dataset(strategy, rank=0, size=1):
     from tfdist.data import distribute, global_batches, shard_batches, synthetic_classification
 
-    x, y = synthetic_classification(4 * GLOBAL_BATCH, (MODEL["input_dim"],), MODEL["classes"])
+    x, y = synthetic_classification(4 * GLOBAL_BATCH, (INPUT_DIM,), CLASSES)
     if strategy is not None:
         return distribute(strategy, x, y, GLOBAL_BATCH)
     return shard_batches(global_batches(x, y, GLOBAL_BATCH), rank, size)
 
 
 def _timed_fit(model, data, steps: int) -> list[float]:
-    timer = _StepTimer()
+    timer = StepTimer()
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
     return timer.times
 
@@ -90,7 +87,7 @@ def _in_process(steps: int, repeats: int) -> list[dict]:
     from tfdist.strategies import new_mirrored_strategy
 
     devices = configure_devices(2)
-    engines = {}
+    engines: dict[str, tuple] = {}
     for key, wrap in (("baseline", False), ("tfdist", True)):
         strategy = new_mirrored_strategy(devices)
         model, opt = _build(strategy, wrap)
@@ -104,11 +101,10 @@ def _in_process(steps: int, repeats: int) -> list[dict]:
     labels = {"baseline": "Keras + tf.distribute.MirroredStrategy (baseline)",
               "tfdist": "tfdist.DistributedOptimizer on MirroredStrategy"}
     for key, (model, opt, _, samples) in engines.items():
-        sent = getattr(opt, "bytes_sent", None)
         rounds = getattr(opt, "communication_rounds", 0)
         rows.append({"engine": labels[key], "layout": "1 process x 2 devices",
                      "step_ms": _median_ms(samples),
-                     "bytes_per_step": (sent / rounds) if rounds else None,
+                     "bytes_per_step": opt.bytes_sent / rounds if rounds else None,
                      "parameters": int(model.count_params())})
     return rows
 
@@ -189,14 +185,15 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "tfdist bench --suite engines" + (" --quick" if quick else "")
     print(f"bench: {suite}: {repeats} repeats x {steps} steps, global batch {GLOBAL_BATCH}, "
-          f"MLP {MODEL['input_dim']}-{'-'.join(map(str, MODEL['hidden']))}-{MODEL['classes']}",
+          f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}",
           flush=True)
-    rows = []
-    for i, (name, fn) in enumerate([
-        ("in-process MirroredStrategy rows", lambda: _in_process(steps, repeats)),
+    rows: list[dict] = []
+    parts: list[tuple[str, Callable[[], list[dict | None]]]] = [
+        ("in-process MirroredStrategy rows", lambda: list(_in_process(steps, repeats))),
         ("2 TF_CONFIG workers", lambda: [_multi_process("multi_worker", steps, repeats, out_dir)]),
         ("2 Horovod ranks", lambda: [_multi_process("horovod", steps, repeats, out_dir)]),
-    ]):
+    ]
+    for i, (name, fn) in enumerate(parts):
         print(f"bench: [{i + 1}/3] {name} ...", flush=True)
         t = time.time()
         rows += [r for r in fn() if r is not None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +179,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, parsed
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> dict[str, dict[str, Any]]:
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Reads a YAML config (or starts from defaults), applies overrides, validates."""
     raw: dict[str, Any] = {}
     if path is not None:

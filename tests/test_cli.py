@@ -72,3 +72,19 @@ def test_train_on_two_horovod_ranks(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["engine"] == "horovod" and summary["test_accuracy"] > 0.7
 
+
+
+@pytest.mark.multiprocess
+def test_bench_engines_writes_table_and_json(tmp_path):
+    out = _run(["bench", "--suite", "engines", "--steps", "2", "--repeats", "1",
+                "--out", str(tmp_path)], timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "engines.json").read_text())
+    engines = [r["engine"] for r in result["rows"]]
+    assert engines[0].endswith("(baseline)") and len(engines) == (4 if horovod_available() else 3)
+    params = result["rows"][0]["parameters"]
+    for row in result["rows"][1:]:
+        assert row["step_ms"] > 0
+        assert row["bytes_per_step"] == pytest.approx(4 * params)  # 2 workers: 2(N-1)/N = 1
+    table = (tmp_path / "engines.md").read_text()
+    assert table.count("\n| ") == len(engines) + 1 and "ratio vs baseline" in table

@@ -1,0 +1,55 @@
+"""Error feedback (Seide et al. 2014; Karimireddy et al. 2019): remember what compression
+dropped and add it to the next gradient, which makes biased compressors converge."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.compression.base import Compressor
+
+
+class ErrorFeedback(Compressor):
+    """Wraps any compressor with a residual: compress(x + e); e <- (x + e) - decompress(...).
+
+    If x + e holds inf or NaN (an overflowing mixed-precision step), the residual is kept as it
+    was, so one bad step does not poison all later ones; the non-finite values still reach the
+    reduced gradient, where loss scaling sees them and skips the step.
+
+    Args:
+        inner: The compressor whose error is fed back.
+    """
+
+    def __init__(self, inner: Compressor):
+        if not isinstance(inner, Compressor):
+            raise ValueError(f"`inner` must be a Compressor. Received: inner={inner!r}")
+        if getattr(inner, "has_error_feedback", False) or isinstance(inner, ErrorFeedback):
+            raise ValueError(
+                f"{type(inner).__name__} already keeps its own error feedback; do not wrap it in "
+                "ErrorFeedback.")
+        self.inner = inner
+        self.summable = inner.summable
+
+    def applies_to(self, shape):
+        return self.inner.applies_to(shape)
+
+    def init_state(self, shape, dtype, seed=0):
+        inner = self.inner.init_state(shape, dtype, seed)
+        return {"residual": tf.zeros(shape, dtype), **{f"inner.{k}": v for k, v in inner.items()}}
+
+    def compress(self, x, state, step, rank=0):
+        inner_state = {k[len("inner."):]: v for k, v in state.items() if k.startswith("inner.")}
+        corrected = x + tf.cast(state["residual"], x.dtype)
+        payload, ctx, inner_state = self.inner.compress(corrected, inner_state, step, rank)
+        residual = corrected - self.inner.decompress(payload, ctx)
+        finite = tf.reduce_all(tf.math.is_finite(corrected))
+        residual = tf.where(finite, residual, tf.cast(state["residual"], residual.dtype))
+        return payload, ctx, {"residual": residual,
+                              **{f"inner.{k}": v for k, v in inner_state.items()}}
+
+    def decompress(self, payload, ctx):
+        return self.inner.decompress(payload, ctx)
+
+    def get_config(self):
+        from tfdist.compression.registry import serialize
+
+        return {"inner": serialize(self.inner)}

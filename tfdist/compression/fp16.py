@@ -1,0 +1,31 @@
+"""Half-precision casts: FP16 and BF16 (summable; half the bytes of float32)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.compression.base import Compressor
+
+
+class _Cast(Compressor):
+    summable = True
+    wire_dtype: tf.DType
+
+    def compress(self, x, state, step, rank=0):
+        return (tf.cast(x, self.wire_dtype),), x.dtype, state
+
+    def decompress(self, payload, ctx):
+        return tf.cast(payload[0], ctx)
+
+
+class FP16(_Cast):
+    """IEEE half precision on the wire (Horovod's `Compression.fp16`). Large sums can overflow
+    float16's range (65504): prefer BF16 for gradients of unscaled large magnitude."""
+
+    wire_dtype = tf.float16
+
+
+class BF16(_Cast):
+    """bfloat16 on the wire: float32's range, 8 bits of mantissa."""
+
+    wire_dtype = tf.bfloat16

@@ -1,0 +1,56 @@
+"""Random-k sparsification with a shared seed (Stich et al. 2018; Wangni et al. 2018).
+
+Every worker draws the same k indices at a given step (a stateless draw from the seed and the
+step), so the payloads line up and can be summed by an all-reduce; only values travel. Values are
+scaled by n/k, which makes the estimate unbiased.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.topk import scatter
+
+
+class RandomK(Compressor):
+    """Keeps a random `ratio` share of elements, the same ones on every worker.
+
+    Args:
+        ratio: Share of elements kept, in (0, 1].
+        seed: Shared seed (all workers must use the same).
+        scale: Scale kept values by n/k (unbiased). Defaults to True.
+    """
+
+    summable = True
+    unbiased = True
+
+    def __init__(self, ratio: float, seed: int = 0, scale: bool = True):
+        self.ratio = check_ratio(ratio)
+        self.seed = int(seed)
+        self.scale = bool(scale)
+
+    def init_state(self, shape, dtype, seed=0):
+        return {"tensor_seed": tf.constant(seed, tf.int64)}
+
+    def _indices(self, n, k, step, tensor_seed):
+        seed = tf.stack([tf.cast(self.seed, tf.int64) * 1_000_003 + tensor_seed,
+                         tf.cast(step, tf.int64)])
+        return tf.argsort(tf.random.stateless_uniform([n], seed=seed))[:k]
+
+    def compress(self, x, state, step, rank=0):
+        flat = tf.reshape(x, [-1])
+        n = flat.shape[0]
+        k = num_kept(n, self.ratio)
+        indices = self._indices(n, k, step, state["tensor_seed"])
+        values = tf.gather(flat, indices)
+        if self.scale:
+            values = values * tf.cast(n / k, values.dtype)
+        return (values,), (x.shape, x.dtype, indices), state
+
+    def decompress(self, payload, ctx):
+        shape, dtype, indices = ctx
+        return scatter(payload[0], indices, shape, dtype)
+
+    def get_config(self):
+        return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale}

@@ -1,0 +1,44 @@
+"""TernGrad (Wen et al., NeurIPS 2017): each element becomes -1, 0 or +1 times the tensor's
+largest magnitude, rounded at random so the estimate is unbiased. 2 bits per element, packed."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.compression import packing
+from tfdist.compression.base import Compressor, stateless_seed
+
+
+class TernGrad(Compressor):
+    """Unbiased ternary quantization with a per-tensor scale max|x|.
+
+    Args:
+        seed: Seed of the stochastic rounding (combined with the step and the worker's rank).
+    """
+
+    unbiased = True
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+
+    def init_state(self, shape, dtype, seed=0):
+        return {"tensor_seed": tf.constant(seed, tf.int64)}
+
+    def compress(self, x, state, step, rank=0):
+        flat = tf.cast(tf.reshape(x, [-1]), tf.float32)
+        scale = tf.reduce_max(tf.abs(flat))
+        p = tf.math.divide_no_nan(tf.abs(flat), scale)
+        u = tf.random.stateless_uniform(flat.shape, seed=stateless_seed(
+            self.seed, state["tensor_seed"], rank, step))
+        keep = tf.cast(u < p, tf.int32)
+        codes = tf.where(flat < 0, -keep, keep) + 1  # {0, 1, 2}
+        return (scale[None], packing.pack(codes, 2)), (x.shape, x.dtype, flat.shape[0]), state
+
+    def decompress(self, payload, ctx):
+        scale, words = payload
+        shape, dtype, n = ctx
+        ternary = tf.cast(packing.unpack(words, 2, n) - 1, tf.float32)
+        return tf.cast(tf.reshape(ternary * scale[0], shape), dtype)
+
+    def get_config(self):
+        return {"seed": self.seed}

@@ -1,0 +1,40 @@
+"""Threshold sparsification (Strom 2015): send the elements whose magnitude reaches a threshold.
+
+Collectives need static sizes, so at most `max_ratio` of the elements are sent (the largest
+first); slots below the threshold carry zeros. Biased: wrap it in `ErrorFeedback`.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.topk import scatter
+
+
+class Threshold(Compressor):
+    """Sends elements with |x| >= `threshold`, at most a `max_ratio` share of them.
+
+    Args:
+        threshold: Magnitude threshold (> 0).
+        max_ratio: Payload capacity as a share of the elements, in (0, 1]. Defaults to 0.01.
+    """
+
+    def __init__(self, threshold: float, max_ratio: float = 0.01):
+        if not threshold > 0:
+            raise ValueError(f"`threshold` must be > 0. Received: threshold={threshold!r}")
+        self.threshold = float(threshold)
+        self.max_ratio = check_ratio(max_ratio, "max_ratio")
+
+    def compress(self, x, state, step, rank=0):
+        flat = tf.reshape(x, [-1])
+        k = num_kept(flat.shape[0], self.max_ratio)
+        magnitude, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
+        values = tf.where(magnitude >= self.threshold, tf.gather(flat, indices), 0.0)
+        return (values, indices), (x.shape, x.dtype), state
+
+    def decompress(self, payload, ctx):
+        return scatter(payload[0], payload[1], *ctx)
+
+    def get_config(self):
+        return {"threshold": self.threshold, "max_ratio": self.max_ratio}

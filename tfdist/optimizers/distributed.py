@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist import compression
 from tfdist.comm import (
     ByteCounter,
     Communicator,
@@ -26,6 +27,12 @@ from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce, replica_
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
 
 
+def _replica_copies(var) -> list:
+    """The per-device components of a (possibly mirrored) variable."""
+    value = getattr(var, "value", var)
+    return list(value.values) if isinstance(value, tf.distribute.DistributedValues) else [value]
+
+
 @keras.saving.register_keras_serializable(package="tfdist")
 class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     """Wraps a Keras optimizer so that it trains synchronously over all replicas / workers.
@@ -36,6 +43,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     Gradients are all-reduced once per optimizer step through a Communicator whose byte counter
     is an optimizer variable: `bytes_sent` and `communication_rounds` survive checkpoints.
+
+    Compression: with `compressor=...` each large enough tensor is compressed (its state, e.g.
+    error-feedback residuals, is optimizer variables, so checkpoints carry it); summable payloads
+    are all-reduced, the others all-gathered; the rest is all-reduced dense in one call.
 
     Gradient accumulation: with `accumulation_steps=k`, `k` consecutive calls (micro-steps)
     accumulate local gradients; the k-th all-reduces their mean and applies it. One optimizer step
@@ -57,6 +68,11 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         dynamic_growth_steps: Finite steps before the scale doubles. Defaults to 2000.
         verify_model: All-gather a fingerprint of the model when the optimizer is built and raise
             a clear error on every worker if the workers' models differ. Defaults to True.
+        compressor: A `tfdist.compression` compressor (or its registry name / config) for the
+            gradient exchange. Defaults to None (dense all-reduce).
+        min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
+        compress_1d: Also compress 1-D tensors (biases, norms). Defaults to False.
+        compression_start_step: Exchanges sent dense before compression starts. Defaults to 0.
         name: Optional name.
 
     Example:
@@ -79,6 +95,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         initial_scale: float = 2.0**15,
         dynamic_growth_steps: int = 2000,
         verify_model: bool = True,
+        compressor: compression.Compressor | str | dict | None = None,
+        min_compress_size: int = 1024,
+        compress_1d: bool = False,
+        compression_start_step: int = 0,
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -105,6 +125,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 "`accumulation_steps` must be an integer >= 1. "
                 f"Received: accumulation_steps={accumulation_steps!r}"
             )
+        for arg, value in (("min_compress_size", min_compress_size),
+                           ("compression_start_step", compression_start_step)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"`{arg}` must be an integer >= 0. Received: {arg}={value!r}")
         if loss_scale not in LOSS_SCALE_MODES:
             raise ValueError(
                 f"`loss_scale` must be one of {LOSS_SCALE_MODES}. Received: loss_scale={loss_scale!r}"
@@ -119,6 +143,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.accumulation_steps = int(accumulation_steps)
         self.loss_scale = loss_scale
         self.verify_model = verify_model
+        self.compressor = compression.get(compressor)
+        self.min_compress_size = int(min_compress_size)
+        self.compress_1d = bool(compress_1d)
+        self.compression_start_step = int(compression_start_step)
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
         )
@@ -162,9 +190,72 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="accumulator") for v in var_list
             ]
+        self._compression_state: dict[int, dict[str, Any]] = {}
+        for index, var in enumerate(var_list):
+            if self._should_compress(var):
+                self._compression_state[index] = {
+                    key: self.add_variable(
+                        shape=value.shape, dtype=value.dtype.name, aggregation="none",
+                        initializer=lambda shape, dtype, value=value: value,
+                        name=f"compression_{key.replace('.', '_')}")
+                    for key, value in self.compressor.init_state(var.shape, var.dtype,
+                                                                 seed=index).items()
+                }
+        self._phases = self._compression_phases()
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         super().build(var_list)
+
+    def _per_replica_variables(self) -> list:
+        """Variables whose value differs between replicas (residuals, accumulators...)."""
+        state = [v for vars_ in self._compression_state.values() for v in vars_.values()]
+        return state + list(self._accumulators)
+
+    def save_own_variables(self, store):
+        """Keras' optimizer state, plus every replica's copy of per-replica state.
+
+        Keras saves one value per variable (replica 0's). Error-feedback residuals, DGC buffers
+        and accumulators differ between replicas, so all copies are stored as `"<i>.replicas"`.
+        """
+        super().save_own_variables(store)
+        per_replica = {id(v) for v in self._per_replica_variables()}
+        for i, var in enumerate(self.variables):
+            copies = _replica_copies(var)
+            if id(var) in per_replica and len(copies) > 1:
+                store[f"{i}.replicas"] = np.stack([c.numpy() for c in copies])
+
+    def load_own_variables(self, store):
+        """Inverse of `save_own_variables`. With a different number of replicas than saved,
+        each replica starts from the mean of the saved copies."""
+        own = [k for k in store.keys() if not k.endswith(".replicas")]
+        if len(own) != len(self.variables):
+            super().load_own_variables({k: store[k] for k in own})
+            return
+        for i, var in enumerate(self.variables):
+            var.assign(store[str(i)])
+            key = f"{i}.replicas"
+            if key in store.keys():
+                saved = np.asarray(store[key])
+                copies = _replica_copies(var)
+                values = saved if len(saved) == len(copies) else [saved.mean(axis=0)] * len(copies)
+                for copy, value in zip(copies, values):
+                    copy.assign(value)
+
+    def _should_compress(self, var) -> bool:
+        shape = tf.TensorShape(var.shape)
+        return (self.compressor is not None
+                and shape.num_elements() >= self.min_compress_size
+                and (shape.rank >= 2 or self.compress_1d)
+                and self.compressor.applies_to(shape))
+
+    def _compression_phases(self) -> list[tuple[int, Any]]:
+        """(first exchange, compressor or None for dense) for each phase of training."""
+        if self.compressor is None or not self._compression_state:
+            return [(0, None)]
+        phases = getattr(self.compressor, "phases", lambda: [(0, self.compressor)])()
+        start = self.compression_start_step
+        dense = [(0, None)] if start > 0 else []
+        return dense + [(start + first, c) for first, c in phases]
 
     @property
     def bytes_sent(self) -> float:
@@ -214,34 +305,76 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         replica_cond(boundary, step, lambda: None)
 
     def _reduce_and_apply(self, comm, grads, variables):
-        present = [g for g in grads if g is not None]
-        reduced = iter(comm.all_reduce(present, op=self._reduce_op))
-        grads = [None if g is None else next(reduced) for g in grads]
+        """Reduces this replica's gradients (None for unused variables) and applies them."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        values = [grads[i] for i in present]
+        if self.dynamic:  # unscale first, so error-feedback state does not depend on the scale
+            values = [g / tf.cast(self.dynamic_scale, g.dtype) for g in values]
+        step = tf.convert_to_tensor(self._rounds)  # exchanges so far
+
+        def phase(p):
+            def run(*values):
+                reduced = self._reduce(comm, list(values), [variables[i] for i in present],
+                                       self._phases[p][1], step)
+                self._apply_reduced(reduced, present, len(grads), variables)
+            return run
+
+        def chain(p, *values):  # phase p runs while step < the next phase's first step
+            if p == len(self._phases) - 1:
+                phase(p)(*values)
+            else:
+                replica_cond(step < self._phases[p + 1][0], phase(p),
+                             lambda *v: chain(p + 1, *v), args=values)
+
+        chain(0, *values)
         self._rounds.assign_add(1)
+
+    def _reduce(self, comm, values, variables, compressor, step):
+        """Sum (tf.distribute) or mean (Horovod) over workers, compressed where planned."""
+        if compressor is None:
+            return comm.all_reduce(values, op=self._reduce_op)
+        states = [self._compression_state.get(self._get_variable_index(v)) for v in variables]
+        dense = [j for j, st in enumerate(states) if st is None]
+        out: list[Any] = [None] * len(values)
+        for j, r in zip(dense, comm.all_reduce([values[j] for j in dense], op=self._reduce_op)):
+            out[j] = r
+        for j, state_vars in enumerate(states):
+            if state_vars is None:
+                continue
+            state = {k: tf.convert_to_tensor(v) for k, v in state_vars.items()}
+            out[j], new_state = compressor.reduce(values[j], state, tf.cast(step, tf.int64), comm,
+                                                  op=self._reduce_op)
+            for k, v in new_state.items():
+                if v is not state[k]:
+                    state_vars[k].assign(v)
+        return out
+
+    def _apply_reduced(self, reduced, present, n, variables):
+        def full(values):
+            grads = [None] * n
+            for i, g in zip(present, values):
+                grads[i] = g
+            return grads
+
         if not self.dynamic:
-            self.inner_optimizer.apply(grads, variables)
+            self.inner_optimizer.apply(full(reduced), variables)
             return
         scale = self.dynamic_scale
-        present = [i for i, g in enumerate(grads) if g is not None]
-        unscaled = [grads[i] / tf.cast(scale, grads[i].dtype) for i in present]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in unscaled])
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
 
-        def apply_finite(*unscaled):
-            full = [None] * len(grads)
-            for i, g in zip(present, unscaled):
-                full[i] = g
-            self.inner_optimizer.apply(full, variables)
+        def apply_finite(*reduced):
+            self.inner_optimizer.apply(full(reduced), variables)
             count = tf.convert_to_tensor(self.step_counter)
             grow = tf.equal(count, self.dynamic_growth_steps - 1)
             self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count + 1))
             self.dynamic_scale.assign(tf.where(grow, scale * 2.0, scale))
 
-        def skip_non_finite(*unscaled):
+        def skip_non_finite(*reduced):
             self.step_counter.assign(0)
             self.dynamic_scale.assign(scale * 0.5)
 
         # Per-replica tensors go through `args`, not closures (see replica_cond).
-        replica_cond(finite, apply_finite, skip_non_finite, args=unscaled)
+        replica_cond(finite, apply_finite, skip_non_finite, args=reduced)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -252,6 +385,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "initial_scale": self.initial_scale,
             "dynamic_growth_steps": self.dynamic_growth_steps,
             "verify_model": self.verify_model,
+            "compressor": compression.serialize(self.compressor),
+            "min_compress_size": self.min_compress_size,
+            "compress_1d": self.compress_1d,
+            "compression_start_step": self.compression_start_step,
         }
 
     @classmethod

@@ -227,14 +227,14 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     def load_own_variables(self, store):
         """Inverse of `save_own_variables`. With a different number of replicas than saved,
         each replica starts from the mean of the saved copies."""
-        own = [k for k in store.keys() if not k.endswith(".replicas")]
+        own = [k for k in store.keys() if not k.endswith(".replicas")]  # noqa: SIM118 (H5 store)
         if len(own) != len(self.variables):
             super().load_own_variables({k: store[k] for k in own})
             return
         for i, var in enumerate(self.variables):
             var.assign(store[str(i)])
             key = f"{i}.replicas"
-            if key in store.keys():
+            if key in store.keys():  # noqa: SIM118 (H5 store)
                 saved = np.asarray(store[key])
                 copies = _replica_copies(var)
                 values = saved if len(saved) == len(copies) else [saved.mean(axis=0)] * len(copies)

@@ -101,3 +101,22 @@ def test_optimizer_config_round_trips_the_compressor():
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), compression_start_step=-1)
     with pytest.raises(ValueError, match="Unknown compressor 'zip'"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), compressor="zip")
+
+
+def _run_config(name, tmp_path, **overrides):
+    from tfdist.config import load_config
+    from tfdist.runner import train
+
+    sets = [f"train.output_dir={tmp_path / name}", "train.verbose=0",
+            *[f"{k}={v}" for k, v in overrides.items()]]
+    return train(load_config(f"configs/{name}.yaml", sets))
+
+
+def test_ef_topk_and_powersgd_match_dense_accuracy_on_digits(tmp_path):
+    dense = _run_config("default", tmp_path)
+    for name, max_ratio in (("ef_topk", 0.05), ("powersgd", 0.06)):
+        s = _run_config(name, tmp_path)
+        print(f"{name}: accuracy {s['test_accuracy']:.4f} vs dense {dense['test_accuracy']:.4f}, "
+              f"bytes/step {s['bytes_sent_per_step']:,.0f} ({s['bytes_ratio_vs_dense']:.4f} of dense)")
+        assert s["test_accuracy"] >= dense["test_accuracy"] - 0.01
+        assert s["bytes_ratio_vs_dense"] < max_ratio

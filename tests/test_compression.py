@@ -164,7 +164,8 @@ def test_powersgd_skips_tensors_where_it_does_not_pay():
     c = C.PowerSGD(rank=4)
     assert not c.applies_to(tf.TensorShape([100]))
     assert not c.applies_to(tf.TensorShape([8, 8]))       # 64 <= 2 * 16 * 4
-    assert c.applies_to(tf.TensorShape([64, 3, 3, 32]))
+    assert c.applies_to(tf.TensorShape([3, 3, 32, 64]))  # a conv kernel: [288, 64]
+    assert not c.applies_to(tf.TensorShape([3, 3, 1, 32]))  # [9, 32]: 288 <= 2 * 41 * 4
     from tfdist.compression.powersgd import orthogonalize
 
     q = orthogonalize(tf.constant([[1.0, 0.0], [0.0, 0.0]]))  # a zero column: no NaN

@@ -10,7 +10,7 @@ CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_are_valid(path):
     config = load_config(path)
-    assert set(config) == {"model", "data", "engine", "optimizer", "train"}
+    assert set(config) == {"model", "data", "engine", "optimizer", "compression", "train"}
 
 
 def test_defaults_fill_missing_keys():
@@ -32,6 +32,10 @@ def test_defaults_fill_missing_keys():
     ({"engine": {"devices": 3}, "data": {"global_batch_size": 64}},
      "must divide by engine.devices (3): use a multiple of 3"),
     ({"optimizer": {"accumulation_steps": 3}}, "must divide by optimizer.accumulation_steps (3)"),
+    ({"compression": {"name": "zip"}}, "compression.name: got 'zip'; must be one of"),
+    ({"compression": {"name": "topk", "options": {"ratio": 1.5}}}, "ratio=1.5"),
+    ({"compression": {"name": "powersgd", "options": {"rank": 0}}}, "rank=0"),
+    ({"compression": {"name": "topk", "options": {"rate": 0.1}}}, "Bad arguments for compressor"),
 ])
 def test_errors_name_key_value_and_rule(raw, message):
     with pytest.raises(ConfigError) as e:

@@ -53,9 +53,14 @@ def _print_summary(s: dict) -> None:
     print(f"test accuracy     {s['test_accuracy']:.4f} on {s['test_examples']} held-out examples")
     print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
           f"{s['final_train_accuracy']:.4f}, last epoch)")
+    comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
+    print(f"compression       {comp}")
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
-          f"({s['communication_rounds']} all-reduce rounds of {dense:,} gradient bytes; "
+          f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "
           f"total {s['bytes_sent_total']:,.0f})")
+    if s["bytes_ratio_vs_dense"] is not None:
+        print(f"vs dense          {s['bytes_ratio_vs_dense']:.4f} of the "
+              f"{s['dense_bytes_per_step']:,.0f} bytes/step a dense all-reduce sends")
     print(f"time              {s['train_seconds']:.1f} s")
     print(f"summary           {s['summary_path']}")
 

@@ -1,6 +1,6 @@
 """Experiment configs: YAML files in configs/, validated before anything starts.
 
-A config has five sections (`model`, `data`, `engine`, `optimizer`, `train`); every key has a
+A config has six sections (`model`, `data`, `engine`, `optimizer`, `compression`, `train`); every key has a
 default, a type and a rule. `load_config` fills defaults, applies `section.key=value` overrides
 and reports *every* problem at once, each naming the key, the value received and what is allowed.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from tfdist.compression import COMPRESSORS
 from tfdist.models import MODELS
 
 
@@ -85,6 +86,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
         "scale_lr_by_workers": Field(False, (bool,), "true or false"),
         "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0),
+    },
+    "compression": {
+        "name": _choice(tuple(sorted(COMPRESSORS)), "none"),
+        "options": Field({}, (dict,), "a mapping of the compressor's arguments (e.g. ratio: 0.01)"),
+        "error_feedback": Field(False, (bool,), "true or false"),
+        "min_size": _int("an integer >= 0 (smaller tensors are sent dense)", lambda v: v >= 0, 1024),
+        "compress_1d": Field(False, (bool,), "true or false"),
+        "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
     },
     "train": {
         "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),
@@ -159,10 +168,26 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append(
             f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
             f"optimizer.accumulation_steps ({c['optimizer']['accumulation_steps']})")
+    comp = c["compression"]
+    if comp["name"] != "none" or comp["options"]:
+        try:
+            make_compressor(comp)
+        except ValueError as e:
+            errors.append(f"compression: {comp['name']} with options {comp['options']}: {e}")
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")
     return errors
+
+
+def make_compressor(section: dict[str, Any]):
+    """The compressor a validated `compression` section describes (None for "none")."""
+    from tfdist import compression
+
+    if section["name"] == "none" and not section["error_feedback"]:
+        return None
+    return compression.get({"name": section["name"], **section["options"],
+                            "error_feedback": section["error_feedback"]})
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
+from tfdist import compression
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup
 from tfdist.data import (
     distribute,
@@ -24,6 +25,8 @@ from tfdist.data import (
     shard_batches,
     synthetic_classification,
 )
+from tfdist.comm import ring_bytes
+from tfdist.config import make_compressor
 from tfdist.models import build_model
 from tfdist.optimizers import DistributedOptimizer
 
@@ -138,7 +141,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         model = build_model(config["model"]["name"], input_shape, num_classes,
                             config["model"]["hidden"])
         inner = _inner_optimizer(opt_cfg, lr)
-        kwargs = dict(accumulation_steps=accumulation, loss_scale=opt_cfg["loss_scale"])
+        comp = config["compression"]
+        kwargs = dict(accumulation_steps=accumulation, loss_scale=opt_cfg["loss_scale"],
+                      compressor=make_compressor(comp), min_compress_size=comp["min_size"],
+                      compress_1d=comp["compress_1d"], compression_start_step=comp["start_step"])
         if engine.name == "horovod":
             import tfdist.horovod as thvd
 
@@ -179,6 +185,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     total_steps = steps * config["train"]["epochs"]
     params = int(model.count_params())
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    dense_per_step = ring_bytes("all_reduce", 4 * trainable, engine.world_size) / accumulation
     summary = {
         "engine": engine.name,
         "world_size": engine.world_size,
@@ -193,6 +200,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "communication_rounds": optimizer.communication_rounds,
         "trainable_parameters": trainable,
         "gradient_bytes_per_round": 4 * trainable,
+        "compressor": compression.serialize(optimizer.compressor),
+        "dense_bytes_per_step": dense_per_step,
+        "bytes_ratio_vs_dense": (optimizer.bytes_sent / total_steps / dense_per_step
+                                 if dense_per_step else None),
         "train_seconds": round(train_seconds, 2),
         "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": platform.python_version()},

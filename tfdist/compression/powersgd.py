@@ -1,7 +1,7 @@
 """PowerSGD (Vogels et al., NeurIPS 2019): rank-r approximation of each gradient matrix by one
 step of power iteration, with error feedback and a warm-started Q.
 
-For M = (gradient + residual) reshaped to [n, m]:  P = M Q, all-reduce P, orthogonalize P,
+For M = (gradient + residual) reshaped to [n, m] (m = the last, output dimension):  P = M Q, all-reduce P, orthogonalize P,
 Q = M^T P, all-reduce Q; the result is P Q^T and the residual M - P Q_local^T. Both payloads are
 summable, so a worker sends (n + m) r numbers per matrix instead of n m. Tensors for which this
 does not pay (n m <= min_compression_rate (n + m) r) and 1-D tensors are sent dense.
@@ -15,11 +15,13 @@ from tfdist.compression.base import Compressor, stateless_seed
 
 
 def matrix_shape(shape) -> tuple[int, int]:
-    dims = list(shape)
-    rest = 1
-    for d in dims[1:]:
-        rest *= d
-    return int(dims[0]), int(rest)
+    """Keras kernels keep the output dimension last ([kh, kw, in, out], [in, out]): the matrix is
+    [everything else, out]."""
+    dims = [int(d) for d in shape]
+    rows = 1
+    for d in dims[:-1]:
+        rows *= d
+    return rows, dims[-1]
 
 
 def orthogonalize(p: tf.Tensor, eps: float = 1e-8) -> tf.Tensor:

@@ -18,6 +18,8 @@ import tensorflow as tf
 import tfdist
 from tfdist import compression
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup
+from tfdist.comm import ring_bytes
+from tfdist.config import make_compressor
 from tfdist.data import (
     distribute,
     global_batches,
@@ -25,8 +27,6 @@ from tfdist.data import (
     shard_batches,
     synthetic_classification,
 )
-from tfdist.comm import ring_bytes
-from tfdist.config import make_compressor
 from tfdist.models import build_model
 from tfdist.optimizers import DistributedOptimizer
 

@@ -3,8 +3,9 @@ step of power iteration, with error feedback and a warm-started Q.
 
 For M = (gradient + residual) reshaped to [n, m] (m = the last, output dimension):
 P = M Q, all-reduce P, orthogonalize P, Q = M^T P, all-reduce Q; the result is P Q^T and the
-residual M - P Q_local^T. Both payloads are summable, so a worker sends (n + m) r numbers per matrix instead of n m. Tensors for which this
-does not pay (n m <= min_compression_rate (n + m) r) and 1-D tensors are sent dense.
+residual M - P Q_local^T. Both payloads are summable, so a worker sends (n + m) r numbers per
+matrix instead of n m. Tensors for which this does not pay (n m <= min_compression_rate (n + m) r)
+and 1-D tensors are sent dense.
 """
 
 from __future__ import annotations

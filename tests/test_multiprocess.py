@@ -127,3 +127,45 @@ def test_mismatched_horovod_rank_fails_fast_with_tfdist_error(worker_cmd, tmp_pa
     assert result.returncode not in (0, None), result.output[-5000:]
     assert "The workers' models differ" in result.output
     assert "rank 1: 4 variables, 1285 parameters" in result.output
+
+
+POWERSGD = '{"name": "powersgd", "rank": 2}'
+
+
+def _assert_identical_and_trained(out):
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    initial = common.weights(common.make_model(hidden=(64,)))
+    assert any(not np.allclose(a, b) for a, b in zip(w0, initial))
+    stats = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    dense = 6 * 4 * common.make_model(hidden=(64,)).count_params()
+    assert stats[0]["bytes_sent"] == stats[1]["bytes_sent"] < 0.5 * dense
+
+
+def test_two_tf_config_workers_with_powersgd_end_identical(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
+         "--compressor", POWERSGD], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_identical_and_trained(tmp_path)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_two_horovod_ranks_with_powersgd_end_identical(worker_cmd, tmp_path):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--hidden", "64",
+         "--compressor", POWERSGD], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    _assert_identical_and_trained(tmp_path)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_horovod_identity_compressor_equals_plain_synchronous(mirrored, worker_cmd, tmp_path):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--compressor",
+         '{"name": "none"}', "--min-compress-size", "0"], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    w0 = common.load_weights(str(tmp_path / "rank0.npz"))
+    common.assert_weights_close(w0, _reference(mirrored), rtol=0, atol=1e-6)

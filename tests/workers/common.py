@@ -32,7 +32,7 @@ def make_inner_optimizer(name: str = "sgd") -> keras.optimizers.Optimizer:
 
 def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bool = True,
           accumulation_steps: int = 1, optimizer: str = "sgd", hidden=HIDDEN,
-          callbacks=()) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+          callbacks=(), **wrapper_kwargs) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """Trains for `steps` micro-steps; `engine` in {"strategy", "horovod"}."""
     x, y = load_digits()
     if engine == "horovod":
@@ -41,7 +41,7 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         thvd.init()
         model = make_model(hidden)
         opt = thvd.DistributedOptimizer(make_inner_optimizer(optimizer),
-                                        accumulation_steps=accumulation_steps)
+                                        accumulation_steps=accumulation_steps, **wrapper_kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         per_rank = global_batch // accumulation_steps
         data = shard_batches(global_batches(x, y, per_rank, shuffle=False),
@@ -55,7 +55,8 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         model = make_model(hidden)
         opt = make_inner_optimizer(optimizer)
         if wrap:
-            opt = tfdist.DistributedOptimizer(opt, accumulation_steps=accumulation_steps)
+            opt = tfdist.DistributedOptimizer(opt, accumulation_steps=accumulation_steps,
+                                              **wrapper_kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     data = distribute(strategy, x, y, global_batch // accumulation_steps, shuffle=False)
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=list(callbacks))

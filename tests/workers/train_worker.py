@@ -29,6 +29,9 @@ def main() -> None:
                    help="this rank builds a wider hidden layer than the others")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--precision", default="float32")
+    p.add_argument("--compressor", default=None, help="JSON config of a tfdist compressor")
+    p.add_argument("--min-compress-size", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--plain-strategy", action="store_true",
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
     args = p.parse_args()
@@ -52,10 +55,17 @@ def main() -> None:
         strategy = cls(communication_options=options)
         rank = strategy.cluster_resolver.task_id
         engine = "strategy"
-    hidden = (common.HIDDEN[0] + 1,) if rank == args.mismatch_rank else common.HIDDEN
+    hidden = (args.hidden,) if args.hidden else common.HIDDEN
+    if rank == args.mismatch_rank:
+        hidden = (hidden[0] + 1,)
+    extra = {}
+    if args.compressor:
+        extra = {"compressor": json.loads(args.compressor),
+                 "min_compress_size": args.min_compress_size, "compress_1d": True}
     model, opt = common.train(
         engine, args.steps, args.global_batch, strategy=strategy,
         accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
+        **extra,
     )
     os.makedirs(args.out, exist_ok=True)
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))

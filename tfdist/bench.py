@@ -1,4 +1,9 @@
-"""`tfdist bench`: step time of the tfdist engines against plain Keras + MirroredStrategy.
+"""`tfdist bench`: measured tables (step time, bytes, accuracy), each with its command.
+
+Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
+devices) once dense and once per compressor config in configs/, in one process: bytes each
+worker sends per step, ratio to dense, test accuracy, and median step time relative to dense.
+Results go to OUT/compression.md and OUT/compression.json.
 
 Suite "engines" (one run, same model, same global batch):
   * MirroredStrategy with the user's Adam: the baseline, in this process;
@@ -23,24 +28,13 @@ from pathlib import Path
 
 import keras
 
+from tfdist.callbacks import StepTimer
+
 INPUT_DIM, HIDDEN, CLASSES = 256, (1024, 1024), 10
 MODEL = {"input_dim": INPUT_DIM, "hidden": list(HIDDEN), "classes": CLASSES}
 GLOBAL_BATCH = 256
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Collects the wall time of each training batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter() - self._start)
 
 
 def _build(strategy, wrap: bool, engine: str = "strategy"):
@@ -173,20 +167,62 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_suite(suite: str, quick: bool = False, steps: int | None = None,
-              repeats: int | None = None, out: str = "runs/bench") -> list[dict]:
-    if suite != "engines":
-        raise ValueError(f"Unknown suite {suite!r}; available: engines.")
-    steps = steps or (10 if quick else 30)
-    repeats = repeats or (3 if quick else 7)
-    if steps < 1 or repeats < 1:
-        raise ValueError(f"--steps and --repeats must be >= 1. Received: {steps}, {repeats}")
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    command = "tfdist bench --suite engines" + (" --quick" if quick else "")
-    print(f"bench: {suite}: {repeats} repeats x {steps} steps, global batch {GLOBAL_BATCH}, "
-          f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}",
-          flush=True)
+COMPRESSION_CONFIGS = ("default", "fp16", "ef_topk", "randomk", "dgc", "qsgd", "terngrad",
+                       "ef_signsgd", "powersgd")
+
+
+def _configs_dir() -> Path:
+    here = Path("configs")
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
+def _compression_rows(quick: bool, out_dir: Path) -> list[dict]:
+    from tfdist.config import load_config
+    from tfdist.runner import train
+
+    rows = []
+    for i, name in enumerate(COMPRESSION_CONFIGS):
+        overrides = [f"train.output_dir={out_dir / name}", "train.verbose=0"]
+        if quick:
+            overrides.append("train.epochs=4")
+        config = load_config(_configs_dir() / f"{name}.yaml", overrides)
+        t = time.time()
+        s = train(config, progress=False)
+        comp = s["compressor"]
+        label = "dense all-reduce" if comp is None else _label(comp)
+        print(f"bench: [{i + 1}/{len(COMPRESSION_CONFIGS)}] {label}: accuracy "
+              f"{s['test_accuracy']:.4f}, {s['bytes_sent_per_step']:,.0f} bytes/step "
+              f"({time.time() - t:.0f} s)", flush=True)
+        rows.append({"config": f"configs/{name}.yaml", "compressor": label,
+                     "bytes_per_step": s["bytes_sent_per_step"],
+                     "ratio_vs_dense": s["bytes_ratio_vs_dense"],
+                     "test_accuracy": s["test_accuracy"], "step_ms": s["step_ms_median"],
+                     "epochs": config["train"]["epochs"]})
+    return rows
+
+
+def _label(spec: dict) -> str:
+    spec = dict(spec)
+    name = spec.pop("name")
+    if name == "error_feedback":
+        return "EF-" + _label(spec["inner"])
+    args = ", ".join(f"{k}={v}" for k, v in spec.items()
+                     if k in ("ratio", "rank", "levels", "momentum", "scale"))
+    return f"{name}({args})" if args else name
+
+
+def _compression_table(rows: list[dict]) -> str:
+    base = rows[0]
+    lines = ["| compressor | config | bytes/step/worker | ratio vs dense | test accuracy | "
+             "step time vs dense |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['compressor']} | `{r['config']}` | {r['bytes_per_step']:,.0f} | "
+                     f"{r['ratio_vs_dense']:.4f} | {r['test_accuracy']:.4f} | "
+                     f"{r['step_ms'] / base['step_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def _engines_rows(steps: int, repeats: int, out_dir: Path) -> list[dict]:
     rows: list[dict] = []
     parts: list[tuple[str, Callable[[], list[dict | None]]]] = [
         ("in-process MirroredStrategy rows", lambda: list(_in_process(steps, repeats))),
@@ -198,13 +234,38 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
         t = time.time()
         rows += [r for r in fn() if r is not None]
         print(f"bench: [{i + 1}/3] done in {time.time() - t:.0f} s", flush=True)
-    table = _table(rows)
-    (out_dir / "engines.md").write_text(f"Command: `{command}`\n\n{table}\n")
-    (out_dir / "engines.json").write_text(json.dumps(
-        {"command": command, "steps": steps, "repeats": repeats, "global_batch": GLOBAL_BATCH,
-         "model": MODEL, "rows": rows}, indent=2))
+    return rows
+
+
+SUITES = ("engines", "compression")
+
+
+def run_suite(suite: str, quick: bool = False, steps: int | None = None,
+              repeats: int | None = None, out: str = "runs/bench") -> list[dict]:
+    if suite not in SUITES:
+        raise ValueError(f"Unknown suite {suite!r}; available: {', '.join(SUITES)}.")
+    steps = steps or (10 if quick else 30)
+    repeats = repeats or (3 if quick else 7)
+    if steps < 1 or repeats < 1:
+        raise ValueError(f"--steps and --repeats must be >= 1. Received: {steps}, {repeats}")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
+    if suite == "compression":
+        print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
+        rows = _compression_rows(quick, out_dir)
+        table, meta = _compression_table(rows), {}
+    else:
+        print(f"bench: engines: {repeats} repeats x {steps} steps, global batch {GLOBAL_BATCH}, "
+              f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}", flush=True)
+        rows = _engines_rows(steps, repeats, out_dir)
+        table = _table(rows)
+        meta = {"steps": steps, "repeats": repeats, "global_batch": GLOBAL_BATCH, "model": MODEL}
+    (out_dir / f"{suite}.md").write_text(f"Command: `{command}`\n\n{table}\n")
+    (out_dir / f"{suite}.json").write_text(json.dumps(
+        {"command": command, **meta, "rows": rows}, indent=2))
     print(table)
-    print(f"bench: wrote {out_dir / 'engines.md'} and {out_dir / 'engines.json'}")
+    print(f"bench: wrote {out_dir / f'{suite}.md'} and {out_dir / f'{suite}.json'}")
     return rows
 
 

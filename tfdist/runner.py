@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import compression
-from tfdist.callbacks import CommunicationStats, LearningRateWarmup
+from tfdist.callbacks import CommunicationStats, LearningRateWarmup, StepTimer
 from tfdist.comm import ring_bytes
 from tfdist.config import make_compressor
 from tfdist.data import (
@@ -172,6 +172,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     else:
         dataset = global_batches(x, y, micro_batch, seed=seed)
     output = Path(config["train"]["output_dir"])
+    timer = StepTimer()
+    callbacks.append(timer)
     callbacks.append(CommunicationStats(log_dir=str(output / "tensorboard")
                                         if engine.is_chief else None))
 
@@ -205,6 +207,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "bytes_ratio_vs_dense": (optimizer.bytes_sent / total_steps / dense_per_step
                                  if dense_per_step else None),
         "train_seconds": round(train_seconds, 2),
+        # Median over all steps but the first epoch's first (tracing) step.
+        "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
         "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": platform.python_version()},
         "config": config,

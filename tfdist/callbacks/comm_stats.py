@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import time
+
 import keras
 import tensorflow as tf
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Collects the wall time of each training batch (seconds) in `times`."""
+
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
 
 
 def find_distributed_optimizer(optimizer):

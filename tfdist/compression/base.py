@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import tensorflow as tf
 
@@ -56,8 +56,8 @@ class Compressor(abc.ABC):
         unbiased: E[decompress(compress(x))] == x.
     """
 
-    summable: ClassVar[bool] = False
-    unbiased: ClassVar[bool] = False
+    summable: bool = False
+    unbiased: bool = False
 
     def applies_to(self, shape: tf.TensorShape) -> bool:
         """Whether compressing a tensor of this shape pays off (else it is sent dense)."""

@@ -27,7 +27,7 @@ def matrix_shape(shape) -> tuple[int, int]:
 
 def orthogonalize(p: tf.Tensor, eps: float = 1e-8) -> tf.Tensor:
     """Modified Gram-Schmidt on the columns of p; a zero column stays zero (no NaN)."""
-    cols = []
+    cols: list[tf.Tensor] = []
     for i in range(p.shape[1]):
         col = p[:, i]
         for q in cols:

@@ -33,10 +33,10 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
         spec = dict(spec)
         name = spec.pop("name", None)
         if name == "error_feedback":
-            return ErrorFeedback(get(spec.pop("inner")))
+            return ErrorFeedback(_required(get(spec.pop("inner"))))
         ef = spec.pop("error_feedback", False)
         compressor = get(name, **spec, **kwargs)
-        return ErrorFeedback(compressor) if ef else compressor
+        return ErrorFeedback(_required(compressor)) if ef else compressor
     if not isinstance(spec, str) or spec.lower() not in COMPRESSORS:
         raise ValueError(f"Unknown compressor {spec!r}; choose one of {sorted(COMPRESSORS)} "
                          "(or 'error_feedback' with an 'inner' compressor).")
@@ -44,6 +44,12 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
         return COMPRESSORS[spec.lower()](**kwargs)
     except TypeError as e:
         raise ValueError(f"Bad arguments for compressor {spec!r}: {e}") from e
+
+
+def _required(compressor: Compressor | None) -> Compressor:
+    if compressor is None:
+        raise ValueError("Error feedback needs an inner compressor; received none.")
+    return compressor
 
 
 def serialize(compressor: Compressor | None) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from tfdist.comm import ByteCounter, verify_same_model
+from tfdist.comm import verify_same_model
 from tfdist.comm.horovod import HorovodCommunicator
 from tfdist.optimizers.distributed import DistributedOptimizer as _DistributedOptimizer
 
@@ -34,7 +34,7 @@ class DistributedOptimizer(_DistributedOptimizer):
     _reduce_op = "mean"
 
     def _communicator(self):
-        return HorovodCommunicator(ByteCounter(self._bytes_sent))
+        return HorovodCommunicator(self.exchange.counter())
 
     def _verify_same_model(self, var_list) -> None:
         verify_same_model(var_list, HorovodCommunicator())

@@ -14,15 +14,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist import compression
 from tfdist.comm import (
-    ByteCounter,
     Communicator,
     LocalCommunicator,
     ReplicaCommunicator,
     verify_same_model,
 )
 from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce, replica_cond
+from tfdist.optimizers.exchange import GradientExchange
 
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
 
@@ -95,7 +94,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         initial_scale: float = 2.0**15,
         dynamic_growth_steps: int = 2000,
         verify_model: bool = True,
-        compressor: compression.Compressor | str | dict | None = None,
+        compressor=None,
         min_compress_size: int = 1024,
         compress_1d: bool = False,
         compression_start_step: int = 0,
@@ -125,10 +124,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 "`accumulation_steps` must be an integer >= 1. "
                 f"Received: accumulation_steps={accumulation_steps!r}"
             )
-        for arg, value in (("min_compress_size", min_compress_size),
-                           ("compression_start_step", compression_start_step)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(f"`{arg}` must be an integer >= 0. Received: {arg}={value!r}")
+        exchange = GradientExchange(compressor, min_compress_size, compress_1d,
+                                    compression_start_step)
         if loss_scale not in LOSS_SCALE_MODES:
             raise ValueError(
                 f"`loss_scale` must be one of {LOSS_SCALE_MODES}. Received: loss_scale={loss_scale!r}"
@@ -143,10 +140,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.accumulation_steps = int(accumulation_steps)
         self.loss_scale = loss_scale
         self.verify_model = verify_model
-        self.compressor = compression.get(compressor)
-        self.min_compress_size = int(min_compress_size)
-        self.compress_1d = bool(compress_1d)
-        self.compression_start_step = int(compression_start_step)
+        self.exchange = exchange
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
         )
@@ -160,7 +154,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     _reduce_op = "sum"
 
     def _communicator(self) -> Communicator:
-        counter = ByteCounter(self._bytes_sent)
+        counter = self.exchange.counter()
         strategy = tf.distribute.get_strategy()
         if strategy.num_replicas_in_sync > 1:
             return ReplicaCommunicator(strategy, counter)
@@ -178,38 +172,23 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # -- Keras optimizer API -------------------------------------------------------------------
     def build(self, var_list):
-        self._bytes_sent = self.add_variable(
-            shape=(), dtype="float64", initializer="zeros", aggregation="none", name="bytes_sent"
-        )
-        self._rounds = self.add_variable(
-            shape=(), dtype="int64", initializer="zeros", aggregation="none",
-            name="communication_rounds",
-        )
+        self.exchange.build(self, var_list)
         self._accumulators = []
         if self.accumulation_steps > 1:
             self._accumulators = [
                 self.add_variable_from_reference(v, name="accumulator") for v in var_list
             ]
-        self._compression_state: dict[int, dict[str, Any]] = {}
-        for index, var in enumerate(var_list):
-            if self._should_compress(var):
-                self._compression_state[index] = {
-                    key: self.add_variable(
-                        shape=value.shape, dtype=value.dtype.name, aggregation="none",
-                        initializer=lambda shape, dtype, value=value: value,
-                        name=f"compression_{key.replace('.', '_')}")
-                    for key, value in self.compressor.init_state(var.shape, var.dtype,
-                                                                 seed=index).items()
-                }
-        self._phases = self._compression_phases()
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         super().build(var_list)
 
+    @property
+    def compressor(self):
+        return self.exchange.compressor
+
     def _per_replica_variables(self) -> list:
         """Variables whose value differs between replicas (residuals, accumulators...)."""
-        state = [v for vars_ in self._compression_state.values() for v in vars_.values()]
-        return state + list(self._accumulators)
+        return self.exchange.per_replica_variables() + list(self._accumulators)
 
     def save_own_variables(self, store):
         """Keras' optimizer state, plus every replica's copy of per-replica state.
@@ -241,31 +220,15 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 for copy, value in zip(copies, values):
                     copy.assign(value)
 
-    def _should_compress(self, var) -> bool:
-        shape = tf.TensorShape(var.shape)
-        return (self.compressor is not None
-                and shape.num_elements() >= self.min_compress_size
-                and (shape.rank >= 2 or self.compress_1d)
-                and self.compressor.applies_to(shape))
-
-    def _compression_phases(self) -> list[tuple[int, Any]]:
-        """(first exchange, compressor or None for dense) for each phase of training."""
-        if self.compressor is None or not self._compression_state:
-            return [(0, None)]
-        phases = getattr(self.compressor, "phases", lambda: [(0, self.compressor)])()
-        start = self.compression_start_step
-        dense = [(0, None)] if start > 0 else []
-        return dense + [(start + first, c) for first, c in phases]
-
     @property
     def bytes_sent(self) -> float:
         """Total bytes this worker has sent (ring-algorithm accounting, see `tfdist.comm`)."""
-        return float(self._bytes_sent.numpy()) if self.built else 0.0
+        return self.exchange.bytes_sent
 
     @property
     def communication_rounds(self) -> int:
         """How many times gradients were exchanged."""
-        return int(self._rounds.numpy()) if self.built else 0
+        return self.exchange.communication_rounds
 
     def scale_loss(self, loss):
         if self.dynamic:
@@ -306,61 +269,28 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def _reduce_and_apply(self, comm, grads, variables):
         """Reduces this replica's gradients (None for unused variables) and applies them."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        values = [grads[i] for i in present]
         if self.dynamic:  # unscale first, so error-feedback state does not depend on the scale
-            values = [g / tf.cast(self.dynamic_scale, g.dtype) for g in values]
-        step = tf.convert_to_tensor(self._rounds)  # exchanges so far
+            grads = [None if g is None else g / tf.cast(self.dynamic_scale, g.dtype)
+                     for g in grads]
+        self.exchange.exchange(comm, grads, variables,
+                               lambda reduced: self._apply_reduced(reduced, variables),
+                               reduce_op=self._reduce_op)
 
-        def phase(p):
-            def run(*values):
-                reduced = self._reduce(comm, list(values), [variables[i] for i in present],
-                                       self._phases[p][1], step)
-                self._apply_reduced(reduced, present, len(grads), variables)
-            return run
+    def _apply_reduced(self, reduced, variables):
+        if not self.dynamic:
+            self.inner_optimizer.apply(reduced, variables)
+            return
+        present = [i for i, g in enumerate(reduced) if g is not None]
 
-        def chain(p, *values):  # phase p runs while step < the next phase's first step
-            if p == len(self._phases) - 1:
-                phase(p)(*values)
-            else:
-                replica_cond(step < self._phases[p + 1][0], phase(p),
-                             lambda *v: chain(p + 1, *v), args=values)
-
-        chain(0, *values)
-        self._rounds.assign_add(1)
-
-    def _reduce(self, comm, values, variables, compressor, step):
-        """Sum (tf.distribute) or mean (Horovod) over workers, compressed where planned."""
-        if compressor is None:
-            return comm.all_reduce(values, op=self._reduce_op)
-        states = [self._compression_state.get(self._get_variable_index(v)) for v in variables]
-        dense = [j for j, st in enumerate(states) if st is None]
-        out: list[Any] = [None] * len(values)
-        for j, r in zip(dense, comm.all_reduce([values[j] for j in dense], op=self._reduce_op)):
-            out[j] = r
-        for j, state_vars in enumerate(states):
-            if state_vars is None:
-                continue
-            state = {k: tf.convert_to_tensor(v) for k, v in state_vars.items()}
-            out[j], new_state = compressor.reduce(values[j], state, tf.cast(step, tf.int64), comm,
-                                                  op=self._reduce_op)
-            for k, v in new_state.items():
-                if v is not state[k]:
-                    state_vars[k].assign(v)
-        return out
-
-    def _apply_reduced(self, reduced, present, n, variables):
         def full(values):
-            grads = [None] * n
+            grads: list = [None] * len(reduced)
             for i, g in zip(present, values):
                 grads[i] = g
             return grads
 
-        if not self.dynamic:
-            self.inner_optimizer.apply(full(reduced), variables)
-            return
         scale = self.dynamic_scale
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
+        values = [reduced[i] for i in present]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in values])
 
         def apply_finite(*reduced):
             self.inner_optimizer.apply(full(reduced), variables)
@@ -374,7 +304,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.dynamic_scale.assign(scale * 0.5)
 
         # Per-replica tensors go through `args`, not closures (see replica_cond).
-        replica_cond(finite, apply_finite, skip_non_finite, args=reduced)
+        replica_cond(finite, apply_finite, skip_non_finite, args=values)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -385,10 +315,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "initial_scale": self.initial_scale,
             "dynamic_growth_steps": self.dynamic_growth_steps,
             "verify_model": self.verify_model,
-            "compressor": compression.serialize(self.compressor),
-            "min_compress_size": self.min_compress_size,
-            "compress_1d": self.compress_1d,
-            "compression_start_step": self.compression_start_step,
+            **self.exchange.get_config(),
         }
 
     @classmethod

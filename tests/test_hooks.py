@@ -7,6 +7,7 @@ tfdist/optimizers/_keras_hooks.py or tfdist/strategies/_tf_hooks.py before anyth
 import keras
 import tensorflow as tf
 
+from tfdist.comm import control
 from tfdist.optimizers import _keras_hooks
 from tfdist.strategies import _tf_hooks, new_mirrored_strategy
 
@@ -52,7 +53,7 @@ def test_replica_cond_runs_collectives_in_a_branch(mirrored):
                 s = tf.distribute.get_replica_context().all_reduce("sum", x)
                 total.assign_add(s + x)  # x: this replica's own value
 
-            _keras_hooks.replica_cond(pred, add_sum, lambda x: None, args=[rid + 1.0])
+            control.replica_cond(pred, add_sum, lambda x: None, args=[rid + 1.0])
 
         strategy.run(fn)
 

@@ -150,6 +150,14 @@ def test_two_tf_config_workers_with_powersgd_end_identical(worker_cmd, tmp_path)
     _assert_identical_and_trained(tmp_path)
 
 
+def test_multi_worker_compressed_strategy_with_powersgd_ends_identical(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
+         "--strategy-compressor", POWERSGD], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_identical_and_trained(tmp_path)
+
+
 @needs_horovod
 @pytest.mark.horovod
 def test_two_horovod_ranks_with_powersgd_end_identical(worker_cmd, tmp_path):

@@ -5,17 +5,26 @@ Two engines share one algorithm core: the tf.distribute engine (strategies, and 
 (`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
 """
 
-from tfdist import callbacks, comm, data
+from tfdist import callbacks, comm, compression, data
 from tfdist.optimizers import DistributedOptimizer
-from tfdist.strategies import MultiWorkerMirroredStrategy
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.strategies import (
+    CompressedStrategy,
+    MultiWorkerCompressedStrategy,
+    MultiWorkerMirroredStrategy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompressedStrategy",
     "DistributedOptimizer",
+    "GradientExchange",
+    "MultiWorkerCompressedStrategy",
     "MultiWorkerMirroredStrategy",
     "__version__",
     "callbacks",
     "comm",
+    "compression",
     "data",
 ]

@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--compressor", default=None, help="JSON config of a tfdist compressor")
     p.add_argument("--min-compress-size", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--strategy-compressor", default=None,
+                   help="JSON compressor config for tfdist.MultiWorkerCompressedStrategy")
     p.add_argument("--plain-strategy", action="store_true",
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
     args = p.parse_args()
@@ -50,9 +52,13 @@ def main() -> None:
         engine, strategy = "horovod", None
     else:
         options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=args.timeout)
-        cls = (tf.distribute.MultiWorkerMirroredStrategy if args.plain_strategy
-               else tfdist.MultiWorkerMirroredStrategy)
-        strategy = cls(communication_options=options)
+        if args.strategy_compressor:
+            strategy = tfdist.MultiWorkerCompressedStrategy(
+                json.loads(args.strategy_compressor), communication_options=options)
+        else:
+            cls = (tf.distribute.MultiWorkerMirroredStrategy if args.plain_strategy
+                   else tfdist.MultiWorkerMirroredStrategy)
+            strategy = cls(communication_options=options)
         rank = strategy.cluster_resolver.task_id
         engine = "strategy"
     hidden = (args.hidden,) if args.hidden else common.HIDDEN
@@ -62,6 +68,8 @@ def main() -> None:
     if args.compressor:
         extra = {"compressor": json.loads(args.compressor),
                  "min_compress_size": args.min_compress_size, "compress_1d": True}
+    if args.strategy_compressor:
+        extra["wrap"] = False
     model, opt = common.train(
         engine, args.steps, args.global_batch, strategy=strategy,
         accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
@@ -69,8 +77,9 @@ def main() -> None:
     )
     os.makedirs(args.out, exist_ok=True)
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
+    stats = getattr(opt, "_tfdist_exchange", opt)  # the exchange a tfdist strategy attached
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"bytes_sent": opt.bytes_sent, "rounds": opt.communication_rounds}, f)
+        json.dump({"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}, f)
     print("DONE", flush=True)
 
 

@@ -23,13 +23,16 @@ class StepTimer(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def find_distributed_optimizer(optimizer):
-    """The tfdist optimizer in a chain of wrappers, or None."""
+def find_exchange(optimizer):
+    """The tfdist GradientExchange behind an optimizer (a tfdist wrapper, or a Keras optimizer
+    built under a tfdist strategy, possibly inside Keras' LossScaleOptimizer), or None."""
     from tfdist.optimizers.distributed import DistributedOptimizer
 
     while optimizer is not None:
         if isinstance(optimizer, DistributedOptimizer):
-            return optimizer
+            return optimizer.exchange
+        if getattr(optimizer, "_tfdist_exchange", None) is not None:
+            return optimizer._tfdist_exchange
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return None
 
@@ -54,12 +57,12 @@ class CommunicationStats(keras.callbacks.Callback):
         self._step = 0
 
     def on_train_begin(self, logs=None):
-        self._optimizer = find_distributed_optimizer(self.model.optimizer)
+        self._optimizer = find_exchange(self.model.optimizer)
         if self._optimizer is None:
             raise ValueError(
-                "CommunicationStats needs a tfdist optimizer (tfdist.DistributedOptimizer or "
-                f"tfdist.horovod.DistributedOptimizer). Received: {type(self.model.optimizer).__name__}"
-            )
+                "CommunicationStats needs a tfdist optimizer (tfdist.DistributedOptimizer, "
+                "tfdist.horovod.DistributedOptimizer, or one built under a tfdist strategy such "
+                f"as CompressedStrategy). Received: {type(self.model.optimizer).__name__}")
         if self.log_dir:
             self._writer = tf.summary.create_file_writer(f"{self.log_dir}/comm")
 

@@ -8,12 +8,14 @@ from tfdist.comm.base import (
     static_nbytes,
 )
 from tfdist.comm.consistency import model_fingerprint, verify_same_model
+from tfdist.comm.eager import eager_collectives
 from tfdist.comm.replica import ReplicaCommunicator
 
 __all__ = [
     "ByteCounter",
     "Communicator",
     "LocalCommunicator",
+    "eager_collectives",
     "ReplicaCommunicator",
     "model_fingerprint",
     "ring_bytes",

@@ -4,6 +4,7 @@ Use one with `tfdist.DistributedOptimizer(inner, compressor=...)` (both engines)
 `tfdist.CompressedStrategy(compressor=...)`.
 """
 
+from tfdist.compression.adaptive import Adaptive
 from tfdist.compression.base import Compressor, Identity
 from tfdist.compression.dgc import DGC
 from tfdist.compression.error_feedback import ErrorFeedback
@@ -18,7 +19,7 @@ from tfdist.compression.threshold import Threshold
 from tfdist.compression.topk import TopK
 
 __all__ = [
-    "BF16", "COMPRESSORS", "Compressor", "DGC", "ErrorFeedback", "FP16", "Identity", "NUQSGD",
+    "Adaptive", "BF16", "COMPRESSORS", "Compressor", "DGC", "ErrorFeedback", "FP16", "Identity", "NUQSGD",
     "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "TernGrad", "Threshold", "TopK", "get",
     "serialize",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdist.compression.adaptive import Adaptive
 from tfdist.compression.base import Compressor, Identity
 from tfdist.compression.dgc import DGC
 from tfdist.compression.error_feedback import ErrorFeedback
@@ -34,12 +35,14 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
         name = spec.pop("name", None)
         if name == "error_feedback":
             return ErrorFeedback(_required(get(spec.pop("inner"))))
+        if name == "adaptive":
+            return Adaptive(_required(get(spec.pop("low"))), _required(get(spec.pop("high"))))
         ef = spec.pop("error_feedback", False)
         compressor = get(name, **spec, **kwargs)
         return ErrorFeedback(_required(compressor)) if ef else compressor
     if not isinstance(spec, str) or spec.lower() not in COMPRESSORS:
         raise ValueError(f"Unknown compressor {spec!r}; choose one of {sorted(COMPRESSORS)} "
-                         "(or 'error_feedback' with an 'inner' compressor).")
+                         "(or 'error_feedback' with 'inner', or 'adaptive' with 'low' and 'high').")
     try:
         return COMPRESSORS[spec.lower()](**kwargs)
     except TypeError as e:
@@ -57,4 +60,6 @@ def serialize(compressor: Compressor | None) -> dict[str, Any] | None:
         return None
     if isinstance(compressor, ErrorFeedback):
         return {"name": "error_feedback", **compressor.get_config()}
+    if isinstance(compressor, Adaptive):
+        return {"name": "adaptive", **compressor.get_config()}
     return {"name": _NAMES[type(compressor)], **compressor.get_config()}

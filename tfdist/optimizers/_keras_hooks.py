@@ -1,4 +1,5 @@
-"""Every private TensorFlow / Keras hook tfdist relies on, in one place.
+"""Every private Keras hook tfdist relies on, in one place (TF's: tfdist/strategies/_tf_hooks.py;
+the merge-call query of tfdist/comm/control.py uses TF's semi-private `tf.__internal__`).
 
 Each hook names the private attribute it touches and is covered by tests/test_keras_hooks.py,
 which fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.x,
@@ -8,7 +9,7 @@ keras 3.15.x.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -33,41 +34,66 @@ def disable_gradient_all_reduce(optimizer) -> None:
         return list(grads_and_vars)
 
     object.__setattr__(optimizer, ALL_REDUCE_HOOK, types.MethodType(_identity, optimizer))
+    object.__setattr__(optimizer, SKIP_ATTRIBUTE, True)
 
 
-def uses_merge_call() -> bool:
-    """Whether the current strategy needs `merge_call` for cross-replica work (MirroredStrategy).
+# -- strategy-driven exchange -------------------------------------------------------------------
+# A tfdist strategy (e.g. CompressedStrategy) exchanges the gradients of the user's own Keras
+# optimizer. Keras' TF optimizer gains, once, a `build` that attaches the strategy's
+# GradientExchange (its state becomes the optimizer's variables) and an `_backend_update_step`
+# that uses it instead of `_all_reduce_sum_gradients`. Optimizers under any other strategy take
+# the original code path unchanged.
+UPDATE_HOOK = "_backend_update_step"
+EXCHANGE_ATTRIBUTE = "_tfdist_exchange"
+SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
+_installed: dict[str, Any] = {}
 
-    `tf.__internal__` is TF's semi-private namespace (Keras uses the same call).
-    """
-    return not tf.__internal__.distribute.strategy_supports_no_merge_call()
+
+def _tf_optimizer_class():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
 
 
-def replica_cond(pred, true_fn: Callable[..., None], false_fn: Callable[..., None],
-                 args: Sequence = ()) -> None:
-    """`tf.cond` whose branches may run collectives and optimizer updates, from replica context.
-
-    Under MirroredStrategy, a `tf.cond` in replica context must not contain `merge_call` (which
-    every all-reduce and variable update uses): TF raises "merge_call called while defining a new
-    graph". The cond is then moved to cross-replica context and each branch runs on every replica
-    with `call_for_each_replica`, the pattern Keras' LossScaleOptimizer uses. `pred` must be the
-    same on every replica.
-
-    Per-replica tensors must reach the branches through `args` (the branches are called as
-    `fn(*args)`), never through a closure: `merge_call` runs a single replica's closure, so a
-    captured tensor would be replica 0's on every replica. Variables may be captured.
-    """
-    args = list(args)
-    if not uses_merge_call():
-        tf.cond(pred, lambda: true_fn(*args), lambda: false_fn(*args))
+def install_strategy_hooks() -> None:
+    """Idempotently installs the two hooks described above."""
+    if _installed:
         return
+    import keras
 
-    def merge_fn(distribution, pred, *args):
-        first = distribution.experimental_local_results(pred)[0]
-        tf.cond(
-            first,
-            lambda: distribution.extended.call_for_each_replica(true_fn, args=args),
-            lambda: distribution.extended.call_for_each_replica(false_fn, args=args),
-        )
+    cls = _tf_optimizer_class()
+    if not hasattr(cls, UPDATE_HOOK) or "build" in vars(cls):
+        raise RuntimeError(
+            "Keras' TF optimizer no longer matches what tfdist hooks (pin keras 3.15.x).")
+    original_update = getattr(cls, UPDATE_HOOK)
 
-    tf.distribute.get_replica_context().merge_call(merge_fn, args=(pred, *args))
+    def build(self, variables):
+        super(cls, self).build(variables)
+        make = getattr(self._distribution_strategy, "make_gradient_exchange", None)
+        skip = getattr(self, SKIP_ATTRIBUTE, False) or isinstance(
+            self, keras.optimizers.LossScaleOptimizer)
+        if make is not None and not skip and getattr(self, EXCHANGE_ATTRIBUTE, None) is None:
+            exchange = make()
+            exchange.build(self, variables)
+            object.__setattr__(self, EXCHANGE_ATTRIBUTE, exchange)
+
+    def update_step(self, grads, trainable_variables, learning_rate):
+        exchange = getattr(self, EXCHANGE_ATTRIBUTE, None)
+        if exchange is None:
+            return original_update(self, grads, trainable_variables, learning_rate)
+        from tfdist.comm import ReplicaCommunicator
+
+        strategy = self._distribution_strategy
+        variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
+
+        def apply(reduced):
+            tf.__internal__.distribute.interim.maybe_merge_call(
+                self._distributed_tf_update_step, strategy,
+                [(g, v) for g, v in zip(reduced, variables) if g is not None], learning_rate)
+
+        comm = ReplicaCommunicator(strategy, exchange.counter())
+        exchange.exchange(comm, list(grads), variables, apply, reduce_op="sum")
+
+    cls.build = build
+    setattr(cls, UPDATE_HOOK, update_step)
+    _installed.update(original_update=original_update)

@@ -20,7 +20,9 @@ from tfdist.comm import (
     ReplicaCommunicator,
     verify_same_model,
 )
-from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce, replica_cond
+from tfdist.comm.control import replica_cond
+from tfdist.comm.eager import eager_collectives
+from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce
 from tfdist.optimizers.exchange import GradientExchange
 
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
@@ -72,6 +74,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors (biases, norms). Defaults to False.
         compression_start_step: Exchanges sent dense before compression starts. Defaults to 0.
+        track_norms: Track each tensor's gradient norm (for `tfdist.callbacks.Accordion`).
+        variable_accumulation: Allow `set_accumulation_steps` during training (Accordion's
+            batch-size mode). Defaults to False.
         name: Optional name.
 
     Example:
@@ -98,6 +103,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         min_compress_size: int = 1024,
         compress_1d: bool = False,
         compression_start_step: int = 0,
+        track_norms: bool = False,
+        variable_accumulation: bool = False,
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -125,7 +132,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 f"Received: accumulation_steps={accumulation_steps!r}"
             )
         exchange = GradientExchange(compressor, min_compress_size, compress_1d,
-                                    compression_start_step)
+                                    compression_start_step, track_norms)
         if loss_scale not in LOSS_SCALE_MODES:
             raise ValueError(
                 f"`loss_scale` must be one of {LOSS_SCALE_MODES}. Received: loss_scale={loss_scale!r}"
@@ -141,6 +148,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.loss_scale = loss_scale
         self.verify_model = verify_model
         self.exchange = exchange
+        self.variable_accumulation = bool(variable_accumulation)
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
         )
@@ -148,6 +156,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             # LossScaleOptimizer cleared it; without dynamic scaling the user's factor stands.
             self.inner_optimizer.loss_scale_factor = inner_scale_factor
         disable_gradient_all_reduce(self.inner_optimizer)
+
+    _tfdist_no_exchange = True  # a strategy's exchange must not attach to the wrapper itself
 
     # -- engine hooks (overridden by the Horovod engine) --------------------------------------
     # Keras divides the loss by the number of replicas under a strategy, so a SUM is the mean.
@@ -162,22 +172,24 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def _verify_same_model(self, var_list) -> None:
         strategy = tf.distribute.get_strategy()
-        if strategy.num_replicas_in_sync == 1:
-            return
-
-        def run(fn):
-            return strategy.experimental_local_results(strategy.run(fn))[0]
-
-        verify_same_model(var_list, ReplicaCommunicator(strategy), run=run)
+        if strategy.num_replicas_in_sync > 1:
+            comm, run = eager_collectives(strategy)
+            verify_same_model(var_list, comm, run=run)
 
     # -- Keras optimizer API -------------------------------------------------------------------
     def build(self, var_list):
         self.exchange.build(self, var_list)
         self._accumulators = []
-        if self.accumulation_steps > 1:
+        if self.accumulation_steps > 1 or self.variable_accumulation:
             self._accumulators = [
                 self.add_variable_from_reference(v, name="accumulator") for v in var_list
             ]
+            self._micro_steps = self.add_variable(
+                shape=(), dtype="int64", initializer="zeros", aggregation="none",
+                name="micro_steps")
+            self._accumulation_target = self.add_variable(
+                shape=(), dtype="int64", aggregation="none", name="accumulation_steps",
+                initializer=lambda shape, dtype: tf.constant(self.accumulation_steps, tf.int64))
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         super().build(var_list)
@@ -245,25 +257,47 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         variables = list(trainable_variables or self._trainable_variables)
         grads = list(grads)
         comm = self._communicator()
-        if self.accumulation_steps == 1:
-            self._reduce_and_apply(comm, grads, variables)
-        else:
+        if self._accumulators:
             self._accumulate(comm, grads, variables)
+        else:
+            self._reduce_and_apply(comm, grads, variables)
         self._iterations.assign_add(1)
 
+    def set_accumulation_steps(self, steps: int) -> None:
+        """Changes the micro-steps per optimizer step during training (eagerly, between steps).
+
+        Needs `variable_accumulation=True` (or `accumulation_steps > 1`). A pending accumulation
+        completes as soon as it has `steps` micro-steps.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"`steps` must be an integer >= 1. Received: steps={steps!r}")
+        if not self.built or not self._accumulators:
+            raise ValueError("set_accumulation_steps needs a built optimizer created with "
+                             "variable_accumulation=True (or accumulation_steps > 1).")
+        self._accumulation_target.assign(int(steps))
+
+    @property
+    def current_accumulation_steps(self) -> int:
+        if self.built and self._accumulators:
+            return int(self._accumulation_target.numpy())
+        return self.accumulation_steps
+
     def _accumulate(self, comm, grads, variables):
-        k = self.accumulation_steps
         accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
         for acc, g in zip(accs, grads):
             if g is not None:
                 acc.assign_add(tf.cast(g, acc.dtype))
-        boundary = tf.equal((self._iterations + 1) % k, 0)
+        micro = self._micro_steps + 1
+        self._micro_steps.assign(micro)
+        boundary = micro >= self._accumulation_target
 
         def step():  # reads this replica's accumulators; captures no per-replica tensor
-            mean = [None if g is None else acc / k for acc, g in zip(accs, grads)]
+            k = tf.cast(self._micro_steps, accs[0].dtype) if accs else 1.0
+            mean = [None if g is None else acc / tf.cast(k, acc.dtype) for acc, g in zip(accs, grads)]
             self._reduce_and_apply(comm, mean, variables)
             for acc in accs:
                 acc.assign(tf.zeros_like(acc))
+            self._micro_steps.assign(0)
 
         replica_cond(boundary, step, lambda: None)
 
@@ -316,6 +350,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "dynamic_growth_steps": self.dynamic_growth_steps,
             "verify_model": self.verify_model,
             **self.exchange.get_config(),
+            "variable_accumulation": self.variable_accumulation,
         }
 
     @classmethod

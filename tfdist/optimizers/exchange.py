@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfdist import compression
 from tfdist.comm import ByteCounter, Communicator
-from tfdist.optimizers._keras_hooks import replica_cond
+from tfdist.comm.control import replica_cond
 
 
 class GradientExchange:
@@ -28,10 +28,12 @@ class GradientExchange:
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors. Defaults to False.
         start_step: Exchanges sent dense before compression starts. Defaults to 0.
+        track_norms: Accumulate each tensor's local squared gradient norm in `grad_sq` (what
+            `tfdist.callbacks.Accordion` reads). Always on with an `Adaptive` compressor.
     """
 
     def __init__(self, compressor=None, min_compress_size: int = 1024, compress_1d: bool = False,
-                 start_step: int = 0):
+                 start_step: int = 0, track_norms: bool = False):
         for arg, value in (("min_compress_size", min_compress_size),
                            ("compression_start_step", start_step)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
@@ -40,6 +42,7 @@ class GradientExchange:
         self.min_compress_size = int(min_compress_size)
         self.compress_1d = bool(compress_1d)
         self.start_step = int(start_step)
+        self.track_norms = bool(track_norms) or isinstance(self.compressor, compression.Adaptive)
         self.built = False
 
     def build(self, owner, var_list) -> None:
@@ -61,6 +64,11 @@ class GradientExchange:
                     for key, value in self.compressor.init_state(var.shape, var.dtype,
                                                                  seed=index).items()
                 }
+        self.grad_sq: dict[int, Any] = {}
+        if self.track_norms:
+            self.grad_sq = {index: owner.add_variable(shape=(), dtype="float32", aggregation="none",
+                                                      initializer="zeros", name="grad_sq")
+                            for index in range(len(var_list))}
         self.phases = self._phases()
         self.built = True
 
@@ -105,6 +113,9 @@ class GradientExchange:
         `apply_fn(reduced_grads)` in replica context, inside the phase that reduced them."""
         present = [i for i, g in enumerate(grads) if g is not None]
         step = tf.convert_to_tensor(self._rounds)  # exchanges so far
+        for i in present if self.grad_sq else ():
+            self.grad_sq[self.owner._get_variable_index(variables[i])].assign_add(
+                tf.reduce_sum(tf.square(tf.cast(grads[i], tf.float32))))
 
         def phase(p):
             def run(*values):
@@ -149,4 +160,4 @@ class GradientExchange:
     def get_config(self) -> dict[str, Any]:
         return {"compressor": compression.serialize(self.compressor),
                 "min_compress_size": self.min_compress_size, "compress_1d": self.compress_1d,
-                "compression_start_step": self.start_step}
+                "compression_start_step": self.start_step, "track_norms": self.track_norms}

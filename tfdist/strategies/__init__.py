@@ -1,6 +1,12 @@
 """tf.distribute.Strategy subclasses (the tf.distribute engine)."""
 
 from tfdist.strategies._tf_hooks import new_mirrored_strategy
+from tfdist.strategies.compressed import CompressedStrategy, MultiWorkerCompressedStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
-__all__ = ["MultiWorkerMirroredStrategy", "new_mirrored_strategy"]
+__all__ = [
+    "CompressedStrategy",
+    "MultiWorkerCompressedStrategy",
+    "MultiWorkerMirroredStrategy",
+    "new_mirrored_strategy",
+]

@@ -17,8 +17,8 @@ _KEY_STRIDE = 100_000
 _generation = itertools.count(1)
 
 
-def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.MirroredStrategy:
-    """A `tf.distribute.MirroredStrategy` whose collectives do not clash with earlier ones."""
+def advance_collective_keys() -> None:
+    """Makes the next MirroredStrategy (or subclass) number its collectives afresh."""
     cls = tf.distribute.MirroredStrategy
     if not hasattr(cls, KEY_BASE_ATTRIBUTE):
         raise RuntimeError(
@@ -26,4 +26,9 @@ def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.
             "version is not supported by tfdist (pin tensorflow 2.21.x)."
         )
     setattr(cls, KEY_BASE_ATTRIBUTE, next(_generation) * _KEY_STRIDE)
-    return cls(devices=devices, cross_device_ops=cross_device_ops)
+
+
+def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.MirroredStrategy:
+    """A `tf.distribute.MirroredStrategy` whose collectives do not clash with earlier ones."""
+    advance_collective_keys()
+    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)

@@ -1,0 +1,87 @@
+"""Two compression levels per tensor, switched during training (the Accordion paper's mechanism).
+
+Agarwal et al., "Accordion: Adaptive Gradient Communication via Critical Learning Regime
+Identification", MLSys 2021. Each tensor carries a `critical` flag (state): while it is set the
+tensor goes through the `low` (light) compressor, otherwise through the `high` (strong) one. The
+decision (which needs every tensor's gradient norm over an interval, tracked by the exchange, and
+must be the same on every worker) is made by the `tfdist.callbacks.Accordion` callback, which
+writes the flags.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.comm.control import replica_cond
+from tfdist.compression.base import Compressor
+
+
+class Adaptive(Compressor):
+    """Switches each tensor between a `low` and a `high` compression setting.
+
+    Args:
+        low: Compressor used in critical regimes (e.g. `PowerSGD(rank=4)`, `TopK(0.1)`).
+        high: Compressor used otherwise (e.g. `PowerSGD(rank=1)`, `TopK(0.01)`).
+
+    Training starts in the critical regime (low compression), as Accordion does.
+    """
+
+    has_error_feedback = True  # wrap `low` and `high` themselves in ErrorFeedback if needed
+
+    def __init__(self, low: Compressor, high: Compressor):
+        for name, c in (("low", low), ("high", high)):
+            if not isinstance(c, Compressor) or isinstance(c, Adaptive):
+                raise ValueError(f"`{name}` must be a (non-adaptive) Compressor. Received: {c!r}")
+        self.low, self.high = low, high
+        self.summable = low.summable and high.summable
+
+    def applies_to(self, shape):
+        return self.low.applies_to(shape) and self.high.applies_to(shape)
+
+    def init_state(self, shape, dtype, seed=0):
+        state = {"critical": tf.constant(1, tf.int32)}
+        for prefix, c in (("low", self.low), ("high", self.high)):
+            state.update({f"{prefix}.{k}": v for k, v in c.init_state(shape, dtype, seed).items()})
+        return state
+
+    @staticmethod
+    def _split(state, prefix):
+        return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+
+    def reduce(self, x, state, step, comm, op="sum"):
+        low_state, high_state = self._split(state, "low"), self._split(state, "high")
+        low_keys, high_keys = sorted(low_state), sorted(high_state)
+        flat = [low_state[k] for k in low_keys] + [high_state[k] for k in high_keys]
+
+        def run(compressor, use_low):
+            def branch(x, *flat):
+                lows = dict(zip(low_keys, flat[:len(low_keys)]))
+                highs = dict(zip(high_keys, flat[len(low_keys):]))
+                if use_low:
+                    out, lows = compressor.reduce(x, lows, step, comm, op)
+                else:
+                    out, highs = compressor.reduce(x, highs, step, comm, op)
+                return [out, *[lows[k] for k in low_keys], *[highs[k] for k in high_keys]]
+            return branch
+
+        outputs = replica_cond(tf.equal(state["critical"], 1), run(self.low, True),
+                               run(self.high, False), args=[x, *flat])
+        out, rest = outputs[0], outputs[1:]
+        new_state = dict(state)
+        for k, v in zip(low_keys, rest[:len(low_keys)]):
+            new_state[f"low.{k}"] = v
+        for k, v in zip(high_keys, rest[len(low_keys):]):
+            new_state[f"high.{k}"] = v
+        return out, new_state
+
+    # The single-worker view follows the strong setting (used only outside `reduce`).
+    def compress(self, x, state, step, rank=0):
+        return self.high.compress(x, self._split(state, "high"), step, rank)
+
+    def decompress(self, payload, ctx):
+        return self.high.decompress(payload, ctx)
+
+    def get_config(self):
+        from tfdist.compression.registry import serialize
+
+        return {"low": serialize(self.low), "high": serialize(self.high)}

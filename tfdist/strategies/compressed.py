@@ -1,0 +1,81 @@
+"""Strategies that compress gradients for the user's own Keras optimizer.
+
+    strategy = tfdist.CompressedStrategy(compression.PowerSGD(rank=4))       # one host
+    strategy = tfdist.MultiWorkerCompressedStrategy(compression.TopK(0.01))  # TF_CONFIG workers
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.Adam(), loss=...)          # unchanged
+    model.fit(...)
+
+Every Keras optimizer built under the strategy's scope gets a `tfdist.optimizers.GradientExchange`
+(the same core `tfdist.DistributedOptimizer` uses): large tensors are compressed, the rest
+all-reduced dense; compressor state and byte counters become the optimizer's variables.
+`tfdist.DistributedOptimizer(inner, compressor=...)` does the same as a wrapper and adds
+gradient accumulation, consistent loss scaling, and per-replica checkpoints of error-feedback
+state; prefer it when those matter (this strategy checkpoints replica 0's residuals only).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.optimizers._keras_hooks import install_strategy_hooks
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.strategies._tf_hooks import advance_collective_keys
+from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+
+class _ExchangeStrategy:
+    """Mixin: holds the exchange settings and hands each optimizer its own GradientExchange."""
+
+    def _init_exchange(self, compressor, min_compress_size, compress_1d, compression_start_step):
+        probe = GradientExchange(compressor, min_compress_size, compress_1d,
+                                 compression_start_step)  # validates the arguments now
+        if probe.compressor is None:
+            raise ValueError("`compressor` is required (a tfdist.compression compressor, or its "
+                             "name such as 'powersgd'). Received: compressor=None")
+        self.compressor = probe.compressor
+        self._exchange_args = dict(compressor=compressor, min_compress_size=min_compress_size,
+                                   compress_1d=compress_1d, start_step=compression_start_step)
+        install_strategy_hooks()
+
+    def make_gradient_exchange(self) -> GradientExchange:
+        """A fresh exchange for one optimizer (called when the optimizer is built)."""
+        return GradientExchange(**self._exchange_args)
+
+
+class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
+    """MirroredStrategy (one host, many devices) whose gradient all-reduce is compressed.
+
+    Args:
+        compressor: A `tfdist.compression` compressor, or its registry name / config.
+        devices: Devices to replicate over (MirroredStrategy's argument). Defaults to all GPUs,
+            else the CPU.
+        cross_device_ops: MirroredStrategy's argument, for the dense part.
+        min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
+        compress_1d: Also compress 1-D tensors. Defaults to False.
+        compression_start_step: Exchanges sent dense first. Defaults to 0.
+    """
+
+    def __init__(self, compressor, devices=None, cross_device_ops=None,
+                 min_compress_size: int = 1024, compress_1d: bool = False,
+                 compression_start_step: int = 0):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
+        advance_collective_keys()
+        super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+
+class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrategy):
+    """`tfdist.MultiWorkerMirroredStrategy` (TF_CONFIG workers) with a compressed exchange.
+
+    Args: as `CompressedStrategy`, plus `cluster_resolver`, `communication_options` and
+    `timeout_seconds` of `tfdist.MultiWorkerMirroredStrategy`.
+    """
+
+    def __init__(self, compressor, cluster_resolver=None, communication_options=None,
+                 timeout_seconds: float | None = None, min_compress_size: int = 1024,
+                 compress_1d: bool = False, compression_start_step: int = 0):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
+        super().__init__(cluster_resolver=cluster_resolver,
+                         communication_options=communication_options,
+                         timeout_seconds=timeout_seconds)

@@ -1,6 +1,7 @@
 """Accordion (Agarwal et al., MLSys 2021): communicate more in critical learning regimes.
 
-A regime is *critical* for a tensor when its gradient norm changed a lot over the last interval:
+A regime is *critical* for a tensor when its gradient norm (the RMS of its micro-batch gradient
+norms over an interval, so independent of the batch size) changed a lot since the last interval:
 |‖g_prev‖ - ‖g_now‖| / ‖g_prev‖ >= eta (0.5 in the paper). Rank 0 decides from its own norms and
 broadcasts the decision, so every worker switches together. Two modes, as in the paper:
 
@@ -100,7 +101,7 @@ class Accordion(keras.callbacks.Callback):
             self._decide(logs)
 
     def _decide(self, logs) -> None:
-        norms = np.sqrt([float(self._exchange.grad_sq[i].numpy()) for i in self._indices])
+        norms = self._exchange.mean_gradient_norms()
         mine = critical_regimes(self._previous, norms, self.eta).astype(np.float32)
         # Rank 0's decision (and norms) for everyone.
         shared = self._run(lambda: self._comm.broadcast(
@@ -108,8 +109,7 @@ class Accordion(keras.callbacks.Callback):
         critical = np.asarray(shared[0]) > 0.5
         self._previous = np.asarray(shared[1], dtype=np.float64)
         self.decisions.append(critical)
-        for i in self._indices:
-            self._exchange.grad_sq[i].assign(0.0)
+        self._exchange.reset_norms()
         if self.mode == "compression":
             for pos, i in enumerate(self._indices):
                 if i in self._flags:

@@ -69,6 +69,8 @@ class GradientExchange:
             self.grad_sq = {index: owner.add_variable(shape=(), dtype="float32", aggregation="none",
                                                       initializer="zeros", name="grad_sq")
                             for index in range(len(var_list))}
+            self.norm_samples = owner.add_variable(shape=(), dtype="int64", aggregation="none",
+                                                   initializer="zeros", name="norm_samples")
         self.phases = self._phases()
         self.built = True
 
@@ -107,15 +109,36 @@ class GradientExchange:
         return [v for vars_ in self.compression_state.values() for v in vars_.values()]
 
     # -- the exchange ------------------------------------------------------------------------
+    def track(self, grads: list, variables: list) -> None:
+        """Adds one micro-batch's local squared gradient norms (if norms are tracked)."""
+        if not self.grad_sq:
+            return
+        for g, v in zip(grads, variables):
+            if g is not None:
+                self.grad_sq[self.owner._get_variable_index(v)].assign_add(
+                    tf.reduce_sum(tf.square(tf.cast(g, tf.float32))))
+        self.norm_samples.assign_add(1)
+
+    def mean_gradient_norms(self) -> np.ndarray:
+        """RMS over the micro-batches since `reset_norms` of each tensor's local gradient norm."""
+        samples = max(int(self.norm_samples.numpy()), 1)
+        return np.sqrt([float(self.grad_sq[i].numpy()) / samples for i in sorted(self.grad_sq)])
+
+    def reset_norms(self) -> None:
+        for v in self.grad_sq.values():
+            v.assign(0.0)
+        self.norm_samples.assign(0)
+
     def exchange(self, comm: Communicator, grads: list, variables: list,
-                 apply_fn: Callable[[list], None], reduce_op: str = "sum") -> None:
+                 apply_fn: Callable[[list], None], reduce_op: str = "sum",
+                 track: bool = True) -> None:
         """Reduces this replica's `grads` (None for unused variables) and calls
-        `apply_fn(reduced_grads)` in replica context, inside the phase that reduced them."""
+        `apply_fn(reduced_grads)` in replica context, inside the phase that reduced them.
+        `track=False` when the caller already tracked the micro-batches' norms."""
         present = [i for i, g in enumerate(grads) if g is not None]
         step = tf.convert_to_tensor(self._rounds)  # exchanges so far
-        for i in present if self.grad_sq else ():
-            self.grad_sq[self.owner._get_variable_index(variables[i])].assign_add(
-                tf.reduce_sum(tf.square(tf.cast(grads[i], tf.float32))))
+        if track:
+            self.track(grads, variables)
 
         def phase(p):
             def run(*values):

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
 from tests.workers import common
@@ -120,3 +121,24 @@ def test_ef_topk_and_powersgd_match_dense_accuracy_on_digits(tmp_path):
               f"bytes/step {s['bytes_sent_per_step']:,.0f} ({s['bytes_ratio_vs_dense']:.4f} of dense)")
         assert s["test_accuracy"] >= dense["test_accuracy"] - 0.01
         assert s["bytes_ratio_vs_dense"] < max_ratio
+
+
+def test_tf_train_checkpoint_restores_compression_state(mirrored, tmp_path):
+    """tf.train.Checkpoint writes one value per variable: exact for one replica per process
+    (each Horovod rank / TF_CONFIG worker checkpoints its own state)."""
+    compressor = C.ErrorFeedback(C.TopK(0.01))
+    straight = _train(mirrored(1), compressor, fits=2)
+    first = _train(mirrored(1), compressor)
+    path = tf.train.Checkpoint(model=first, optimizer=first.optimizer).save(str(tmp_path / "ck"))
+    strategy = mirrored(1)
+    with strategy.scope():
+        resumed = common.make_model(hidden=(32,))
+        opt = tfdist.DistributedOptimizer(common.make_inner_optimizer("sgd"), compressor=compressor)
+        resumed.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        opt.build(resumed.trainable_variables)
+    tf.train.Checkpoint(model=resumed, optimizer=opt).restore(path).assert_consumed()
+    residual = next(v for s in opt.exchange.compression_state.values() for v in s.values())
+    assert np.abs(residual.numpy()).sum() > 0
+    _train(strategy, None, model=resumed)
+    common.assert_weights_close(common.weights(resumed), common.weights(straight), rtol=1e-5,
+                                atol=1e-6)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import horovod_available, worker_env
+from tests.conftest import ROOT, horovod_available, worker_env
 from tests.workers import common
 from tfdist.comm import ring_bytes
 from tfdist.launch import run_horovod, run_tf_workers
@@ -177,3 +177,32 @@ def test_horovod_identity_compressor_equals_plain_synchronous(mirrored, worker_c
     assert result.returncode == 0, result.output[-5000:]
     w0 = common.load_weights(str(tmp_path / "rank0.npz"))
     common.assert_weights_close(w0, _reference(mirrored), rtol=0, atol=1e-6)
+
+
+def test_accordion_decisions_agree_across_tf_config_workers(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
+         "--steps", "8", "--accordion"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    stats = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(stats[0]["decisions"]) == 4 and stats[0]["decisions"] == stats[1]["decisions"]
+    assert stats[0]["bytes_sent"] == stats[1]["bytes_sent"]
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compressor", ['{"name": "topk", "ratio": 0.01, "error_feedback": true}',
+                                        '{"name": "powersgd", "rank": 2}'])
+def test_save_then_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path, compressor):
+    import subprocess
+    import sys
+
+    script = [sys.executable, f"{ROOT}/tests/workers/resume_worker.py"]
+    ckpt, resumed, straight = tmp_path / "mid.keras", tmp_path / "r.npz", tmp_path / "s.npz"
+    for args in (["first", str(ckpt), compressor], ["second", str(ckpt), compressor, str(resumed)],
+                 ["straight", "-", compressor, str(straight)]):
+        out = subprocess.run([*script, *args], capture_output=True, text=True, env=worker_env(),
+                             timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr[-4000:]
+    common.assert_weights_close(common.load_weights(str(resumed)),
+                                common.load_weights(str(straight)), rtol=1e-5, atol=1e-6)

@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--compressor", default=None, help="JSON config of a tfdist compressor")
     p.add_argument("--min-compress-size", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--accordion", action="store_true",
+                   help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
                    help="JSON compressor config for tfdist.MultiWorkerCompressedStrategy")
     p.add_argument("--plain-strategy", action="store_true",
@@ -68,8 +70,15 @@ def main() -> None:
     if args.compressor:
         extra = {"compressor": json.loads(args.compressor),
                  "min_compress_size": args.min_compress_size, "compress_1d": True}
+    extra = dict(extra)
     if args.strategy_compressor:
         extra["wrap"] = False
+    accordion = None
+    if args.accordion:
+        accordion = tfdist.callbacks.Accordion(eta=0.2, interval=2)
+        extra.update(compressor={"name": "adaptive", "low": {"name": "topk", "ratio": 0.5},
+                                 "high": {"name": "topk", "ratio": 0.05}},
+                     min_compress_size=1024, callbacks=[accordion])
     model, opt = common.train(
         engine, args.steps, args.global_batch, strategy=strategy,
         accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
@@ -78,8 +87,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
     stats = getattr(opt, "_tfdist_exchange", opt)  # the exchange a tfdist strategy attached
+    record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
+    if accordion is not None:
+        record["decisions"] = [d.astype(int).tolist() for d in accordion.decisions]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}, f)
+        json.dump(record, f)
     print("DONE", flush=True)
 
 

@@ -61,7 +61,21 @@ def test_communication_stats_logs_bytes_per_step_and_tensorboard(mirrored, tmp_p
     per_round = 4 * model.count_params()  # all-reduce of 4P bytes over 2 replicas
     assert hist.history["bytes_per_step"] == [per_round / 2, per_round / 2]  # 1 round per 2 steps
     assert hist.history["communication_rounds"] == [2.0, 4.0]
+    assert hist.history["bytes_vs_dense"] == [1.0, 1.0]  # dense exchange
     assert list((tmp_path / "comm").iterdir()), "no TensorBoard event file written"
+
+
+def test_communication_stats_reports_the_compression_ratio(mirrored):
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(32,))
+        model.compile(optimizer=tfdist.DistributedOptimizer(
+            keras.optimizers.SGD(0.01), compressor=tfdist.compression.FP16(), min_compress_size=0,
+            compress_1d=True), loss="sparse_categorical_crossentropy")
+    hist = model.fit(common.distribute(strategy, x, y, 32), epochs=1, steps_per_epoch=3,
+                     verbose=0, callbacks=[CommunicationStats()])
+    assert hist.history["bytes_vs_dense"] == [0.5]
 
 
 def test_communication_stats_needs_a_tfdist_optimizer():

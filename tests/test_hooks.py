@@ -13,12 +13,25 @@ from tfdist.strategies import _tf_hooks, new_mirrored_strategy
 
 
 def test_keras_reduces_gradients_in_the_hooked_method():
+    import inspect
+
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     assert hasattr(TFOptimizer, _keras_hooks.ALL_REDUCE_HOOK)
-    import inspect
+    original = _keras_hooks.original_update_step()
+    assert original.__qualname__ == "TFOptimizer._backend_update_step"
+    assert _keras_hooks.ALL_REDUCE_HOOK in inspect.getsource(original)
 
-    assert _keras_hooks.ALL_REDUCE_HOOK in inspect.getsource(TFOptimizer._backend_update_step)
+
+def test_strategy_hooks_replace_build_and_update_step_once():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    _keras_hooks.install_strategy_hooks()
+    hooked = TFOptimizer._backend_update_step
+    _keras_hooks.install_strategy_hooks()  # idempotent
+    assert TFOptimizer._backend_update_step is hooked
+    assert hooked is not _keras_hooks.original_update_step()
+    assert "build" in vars(TFOptimizer)
 
 
 def test_disable_gradient_all_reduce_makes_apply_local(mirrored):

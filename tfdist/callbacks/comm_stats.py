@@ -38,8 +38,9 @@ def find_exchange(optimizer):
 
 
 class CommunicationStats(keras.callbacks.Callback):
-    """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch) and
-    `communication_rounds` to the epoch logs, and writes them with the step time to TensorBoard.
+    """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch),
+    `communication_rounds` and `bytes_vs_dense` (bytes sent / what dense float32 all-reduces of
+    the same exchanges would send) to the epoch logs, and writes them to TensorBoard.
 
     Args:
         log_dir: Optional TensorBoard log directory (event files under `log_dir/comm`).
@@ -68,6 +69,7 @@ class CommunicationStats(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_bytes = self._optimizer.bytes_sent
+        self._epoch_start_rounds = self._optimizer.communication_rounds
         self._epoch_batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -81,12 +83,19 @@ class CommunicationStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         sent = self._optimizer.bytes_sent - self._epoch_start_bytes
         per_step = sent / max(self._epoch_batches, 1)
+        rounds = self._optimizer.communication_rounds - self._epoch_start_rounds
+        dense = self._optimizer.dense_bytes_per_exchange()
+        ratio = sent / (rounds * dense) if rounds and dense else None
         if logs is not None:
             logs["bytes_per_step"] = per_step
             logs["communication_rounds"] = float(self._optimizer.communication_rounds)
+            if ratio is not None:
+                logs["bytes_vs_dense"] = ratio
         if self._writer is not None:
             with self._writer.as_default(step=self._step):
                 tf.summary.scalar("bytes_per_step", per_step)
+                if ratio is not None:
+                    tf.summary.scalar("bytes_vs_dense", ratio)
             self._writer.flush()
 
     def on_train_end(self, logs=None):

@@ -55,6 +55,11 @@ def _tf_optimizer_class():
     return TFOptimizer
 
 
+def original_update_step():
+    """Keras' own `_backend_update_step` (also after `install_strategy_hooks`)."""
+    return _installed.get("original_update") or getattr(_tf_optimizer_class(), UPDATE_HOOK)
+
+
 def install_strategy_hooks() -> None:
     """Idempotently installs the two hooks described above."""
     if _installed:

@@ -104,6 +104,14 @@ class GradientExchange:
         """How many times gradients were exchanged."""
         return int(self._rounds.numpy()) if self.built else 0
 
+    def dense_bytes_per_exchange(self) -> float | None:
+        """Bytes a dense float32 all-reduce of the same gradients would send (once traced)."""
+        from tfdist.comm import ring_bytes
+
+        if not hasattr(self, "world_size"):
+            return None
+        return ring_bytes("all_reduce", self.dense_bytes, self.world_size)
+
     def per_replica_variables(self) -> list:
         """State whose value differs between replicas (error-feedback residuals, DGC buffers)."""
         return [v for vars_ in self.compression_state.values() for v in vars_.values()]
@@ -137,6 +145,8 @@ class GradientExchange:
         `track=False` when the caller already tracked the micro-batches' norms."""
         present = [i for i, g in enumerate(grads) if g is not None]
         step = tf.convert_to_tensor(self._rounds)  # exchanges so far
+        self.world_size = comm.world_size
+        self.dense_bytes = sum(4 * int(np.prod(variables[i].shape)) for i in present)
         if track:
             self.track(grads, variables)
 

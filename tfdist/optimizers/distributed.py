@@ -283,10 +283,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.accumulation_steps
 
     def _accumulate(self, comm, grads, variables):
-        # Norms per micro-batch (independent of the batch size) and unscaled.
-        scale = tf.cast(self.dynamic_scale, tf.float32) if self.dynamic else None
-        self.exchange.track([g if g is None or scale is None else g / tf.cast(scale, g.dtype)
-                             for g in grads], variables)
+        self.exchange.track(self._unscale(grads), variables)  # per micro-batch, unscaled
         accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
         for acc, g in zip(accs, grads):
             if g is not None:
@@ -296,7 +293,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         boundary = micro >= self._accumulation_target
 
         def step():  # reads this replica's accumulators; captures no per-replica tensor
-            k = tf.cast(self._micro_steps, accs[0].dtype) if accs else 1.0
+            k = self._micro_steps
             mean = [None if g is None else acc / tf.cast(k, acc.dtype) for acc, g in zip(accs, grads)]
             self._reduce_and_apply(comm, mean, variables, track=False)
             for acc in accs:
@@ -306,13 +303,17 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         replica_cond(boundary, step, lambda: None)
 
     def _reduce_and_apply(self, comm, grads, variables, track=True):
-        """Reduces this replica's gradients (None for unused variables) and applies them."""
-        if self.dynamic:  # unscale first, so error-feedback state does not depend on the scale
-            grads = [None if g is None else g / tf.cast(self.dynamic_scale, g.dtype)
-                     for g in grads]
-        self.exchange.exchange(comm, grads, variables,
+        """Reduces this replica's gradients (None for unused variables) and applies them.
+
+        Gradients are unscaled first, so error-feedback state does not depend on the loss scale."""
+        self.exchange.exchange(comm, self._unscale(grads), variables,
                                lambda reduced: self._apply_reduced(reduced, variables),
                                reduce_op=self._reduce_op, track=track)
+
+    def _unscale(self, grads):
+        if not self.dynamic:
+            return grads
+        return [None if g is None else g / tf.cast(self.dynamic_scale, g.dtype) for g in grads]
 
     def _apply_reduced(self, reduced, variables):
         if not self.dynamic:

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.averaging.schedule import PeriodicSchedule
 from tfdist.comm import (
     Communicator,
     LocalCommunicator,
@@ -77,6 +78,11 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         track_norms: Track each tensor's gradient norm (for `tfdist.callbacks.Accordion`).
         variable_accumulation: Allow `set_accumulation_steps` during training (Accordion's
             batch-size mode). Defaults to False.
+        local_sgd: A `tfdist.averaging.PeriodicSchedule(period, warmup_steps)`: after the
+            synchronous warm-up, replicas step locally and average their models every `period`
+            steps (post-local SGD). Trainable variables are averaged; call `average_also(...)`
+            with the model's non-trainable variables (BatchNorm statistics) to average those
+            too. Optimizer state stays local. Defaults to None (synchronous every step).
         name: Optional name.
 
     Example:
@@ -105,6 +111,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         compression_start_step: int = 0,
         track_norms: bool = False,
         variable_accumulation: bool = False,
+        local_sgd: PeriodicSchedule | None = None,
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -149,6 +156,13 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.verify_model = verify_model
         self.exchange = exchange
         self.variable_accumulation = bool(variable_accumulation)
+        if local_sgd is not None and not isinstance(local_sgd, PeriodicSchedule):
+            raise ValueError("`local_sgd` must be a tfdist.averaging.PeriodicSchedule. "
+                             f"Received: local_sgd={local_sgd!r}")
+        if local_sgd is not None and exchange.compressor is not None:
+            raise ValueError("Use either `compressor` or `local_sgd`, not both.")
+        self.local_sgd = local_sgd
+        self._also_averaged: list = []
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
         )
@@ -179,6 +193,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     # -- Keras optimizer API -------------------------------------------------------------------
     def build(self, var_list):
         self.exchange.build(self, var_list)
+        self._local_sgd_steps = self.add_variable(
+            shape=(), dtype="int64", initializer="zeros", aggregation="none", name="local_sgd_steps")
         self._accumulators = []
         if self.accumulation_steps > 1 or self.variable_accumulation:
             self._accumulators = [
@@ -259,6 +275,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         comm = self._communicator()
         if self._accumulators:
             self._accumulate(comm, grads, variables)
+        elif self.local_sgd is not None:
+            self._local_step(comm, grads, variables)
         else:
             self._reduce_and_apply(comm, grads, variables)
         self._iterations.assign_add(1)
@@ -310,6 +328,44 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                                lambda reduced: self._apply_reduced(reduced, variables),
                                reduce_op=self._reduce_op, track=track)
 
+    def average_also(self, variables) -> None:
+        """Adds variables (e.g. `model.non_trainable_variables`) to local SGD's averaging.
+
+        Call before training starts (before the train step is traced)."""
+        if self.local_sgd is None:
+            raise ValueError("average_also needs `local_sgd`: this optimizer averages nothing.")
+        self._also_averaged = list(variables)
+
+    def _local_step(self, comm, grads, variables):
+        """Post-local SGD: a synchronous step during warm-up; afterwards a local step, and every
+        `period` steps a model-averaging round."""
+        schedule = self.local_sgd
+        step = tf.convert_to_tensor(self._local_sgd_steps)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        # Keras divides the loss by the number of replicas; a local step undoes it.
+        scale = comm.world_size if self._reduce_op == "sum" else 1
+
+        def synchronous(*values):
+            self._reduce_and_apply(comm, self._full(values, present, len(grads)), variables)
+
+        def local(*values):
+            local_grads = [g * tf.cast(scale, g.dtype) for g in self._unscale(list(values))]
+            self._apply_reduced(self._full(local_grads, present, len(grads)), variables)
+            replica_cond(schedule.is_averaging(step),
+                         lambda: self.exchange.average(comm, variables + self._also_averaged),
+                         lambda: None)
+
+        replica_cond(schedule.is_synchronous(step), synchronous, local,
+                     args=[grads[i] for i in present])
+        self._local_sgd_steps.assign_add(1)
+
+    @staticmethod
+    def _full(values, present, n):
+        grads: list = [None] * n
+        for i, g in zip(present, values):
+            grads[i] = g
+        return grads
+
     def _unscale(self, grads):
         if not self.dynamic:
             return grads
@@ -356,11 +412,15 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "verify_model": self.verify_model,
             **self.exchange.get_config(),
             "variable_accumulation": self.variable_accumulation,
+            "local_sgd": None if self.local_sgd is None else {
+                "period": self.local_sgd.period, "warmup_steps": self.local_sgd.warmup_steps},
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
+        if config.get("local_sgd") is not None:
+            config["local_sgd"] = PeriodicSchedule(**config["local_sgd"])
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )

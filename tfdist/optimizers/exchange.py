@@ -170,6 +170,15 @@ class GradientExchange:
         chain(0, *[grads[i] for i in present])
         self._rounds.assign_add(1)
 
+    def average(self, comm: Communicator, variables: list) -> None:
+        """Replaces each variable by its mean over workers (one model-averaging round).
+
+        In replica context each replica reads and writes its own copy."""
+        values = [tf.convert_to_tensor(v) for v in variables]
+        for var, mean in zip(variables, comm.all_reduce(values, op="mean")):
+            var.assign(mean)
+        self._rounds.assign_add(1)
+
     def _reduce(self, comm, values, variables, compressor, step, reduce_op):
         if compressor is None:
             return comm.all_reduce(values, op=reduce_op)

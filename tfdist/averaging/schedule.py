@@ -1,0 +1,80 @@
+"""When to average: schedules as pure functions of the optimizer step (tensor-friendly).
+
+Post-local SGD (Lin et al., ICLR 2020): for the first `warmup_steps` steps gradients are
+all-reduced every step (synchronous SGD); afterwards replicas step locally and average their models
+every `period` steps. Hierarchical averaging (as in PyTorch's HierarchicalModelAverager): every
+`intra_period` steps within a host, every `inter_period` steps across hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PeriodicSchedule:
+    """Synchronous for `warmup_steps` steps, then average every `period` local steps.
+
+    Args:
+        period: Local steps between averaging rounds (H >= 1; 1 is synchronous training).
+        warmup_steps: Synchronous steps first (W >= 0). The warm-up is set here only.
+    """
+
+    period: int
+    warmup_steps: int = 0
+
+    def __post_init__(self):
+        _check_int("period", self.period, 1)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+
+    def is_synchronous(self, step):
+        """Step `step` (0-based) all-reduces gradients instead of stepping locally."""
+        return step < self.warmup_steps
+
+    def is_averaging(self, step):
+        """Step `step` ends with a model-averaging round (after its local update)."""
+        local = step - self.warmup_steps
+        return tf.logical_and(local >= 0, tf.equal((local + 1) % self.period, 0)) \
+            if isinstance(step, tf.Tensor) else local >= 0 and (local + 1) % self.period == 0
+
+    def rounds(self, steps: int) -> int:
+        """Communication rounds in the first `steps` steps (warm-up steps count one each)."""
+        sync = min(steps, self.warmup_steps)
+        return sync + max(0, steps - self.warmup_steps) // self.period
+
+
+@dataclass(frozen=True)
+class HierarchicalSchedule:
+    """Average within a host every `intra_period` steps and across hosts every `inter_period`.
+
+    Args:
+        intra_period: Local steps between intra-host rounds (>= 1).
+        inter_period: Local steps between global rounds; a multiple of `intra_period`.
+        warmup_steps: Synchronous steps first.
+    """
+
+    intra_period: int
+    inter_period: int
+    warmup_steps: int = 0
+
+    def __post_init__(self):
+        _check_int("intra_period", self.intra_period, 1)
+        _check_int("inter_period", self.inter_period, 1)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        if self.inter_period % self.intra_period:
+            raise ValueError(
+                f"`inter_period` must be a multiple of `intra_period` ({self.intra_period}). "
+                f"Received: inter_period={self.inter_period}")
+
+    def levels(self) -> tuple[PeriodicSchedule, PeriodicSchedule]:
+        """(intra-host schedule, global schedule)."""
+        return (PeriodicSchedule(self.intra_period, self.warmup_steps),
+                PeriodicSchedule(self.inter_period, self.warmup_steps))

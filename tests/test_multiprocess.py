@@ -206,3 +206,29 @@ def test_save_then_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path,
         assert out.returncode == 0, out.stderr[-4000:]
     common.assert_weights_close(common.load_weights(str(resumed)),
                                 common.load_weights(str(straight)), rtol=1e-5, atol=1e-6)
+
+
+def _assert_local_sgd_ranks(out):
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=1e-7)  # the last step was an averaging round
+    stats = json.loads((out / "rank0.json").read_text())
+    assert stats["rounds"] == 1 + 2  # 1 warm-up step, then averaging after local steps 3 and 6
+    assert stats["bytes_sent"] == pytest.approx(3 * 4 * common.make_model().count_params())
+
+
+def test_local_sgd_on_two_tf_config_workers_ends_identical(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",
+         "--local-sgd", "3"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_local_sgd_ranks(tmp_path)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_local_sgd_on_two_horovod_ranks_ends_identical(worker_cmd, tmp_path):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--steps", "7",
+         "--local-sgd", "3"], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    _assert_local_sgd_ranks(tmp_path)

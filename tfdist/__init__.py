@@ -5,7 +5,7 @@ Two engines share one algorithm core: the tf.distribute engine (strategies, and 
 (`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
 """
 
-from tfdist import callbacks, comm, compression, data
+from tfdist import averaging, callbacks, comm, compression, data
 from tfdist.optimizers import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.strategies import (
@@ -23,6 +23,7 @@ __all__ = [
     "MultiWorkerCompressedStrategy",
     "MultiWorkerMirroredStrategy",
     "__version__",
+    "averaging",
     "callbacks",
     "comm",
     "compression",

@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--compressor", default=None, help="JSON config of a tfdist compressor")
     p.add_argument("--min-compress-size", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--local-sgd", type=int, default=0, help="local SGD period (0: off)")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -73,6 +74,8 @@ def main() -> None:
     extra = dict(extra)
     if args.strategy_compressor:
         extra["wrap"] = False
+    if args.local_sgd:
+        extra["local_sgd"] = tfdist.averaging.PeriodicSchedule(args.local_sgd, warmup_steps=1)
     accordion = None
     if args.accordion:
         accordion = tfdist.callbacks.Accordion(eta=0.2, interval=2)

@@ -41,7 +41,15 @@ class ReplicaCommunicator(Communicator):
         return tf.cast(_replica_context().replica_id_in_sync_group, tf.int32)
 
     def _all_reduce(self, tensors, op):
-        return list(_replica_context().all_reduce(_OPS[op], tensors))
+        ctx = _replica_context()
+        # Under MultiWorkerMirroredStrategy (one local device), tensors made inside a
+        # cross-replica tf.cond branch (see tfdist.comm.control) carry no device, which TF's
+        # reduction rejects ("destinations can not be empty"): pin them to the local device.
+        local = self.strategy.extended.worker_devices
+        if len(local) == 1 and any(not getattr(t, "device", "x") for t in tensors):
+            with tf.device(local[0]):
+                tensors = [tf.identity(t) for t in tensors]
+        return list(ctx.all_reduce(_OPS[op], tensors))
 
     def _all_gather(self, tensor):
         return _replica_context().all_gather(tensor, axis=0)

@@ -106,3 +106,22 @@ def test_local_sgd_arguments_and_config():
     opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(4, 10))
     again = tfdist.DistributedOptimizer.from_config(opt.get_config())
     assert again.local_sgd == PeriodicSchedule(4, 10)
+
+
+def test_resumed_run_does_not_repeat_the_warm_up(mirrored, tmp_path):
+    model, opt, fit = _model_and_fit(mirrored(2), PeriodicSchedule(period=2, warmup_steps=3))
+    fit(4)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    strategy = mirrored(2)
+    with strategy.scope():
+        loaded = keras.saving.load_model(path)
+    assert loaded.optimizer.local_sgd == PeriodicSchedule(2, 3)
+    assert int(loaded.optimizer._local_sgd_steps.numpy()) == 4   # past the 3 warm-up steps
+    assert loaded.optimizer.communication_rounds == opt.communication_rounds == 3 + 0
+
+
+def test_local_sgd_refuses_accumulation():
+    with pytest.raises(ValueError, match="does not combine with gradient accumulation"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
+                                    accumulation_steps=2)

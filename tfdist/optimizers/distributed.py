@@ -161,6 +161,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                              f"Received: local_sgd={local_sgd!r}")
         if local_sgd is not None and exchange.compressor is not None:
             raise ValueError("Use either `compressor` or `local_sgd`, not both.")
+        if local_sgd is not None and (accumulation_steps > 1 or variable_accumulation):
+            raise ValueError("`local_sgd` does not combine with gradient accumulation yet: use "
+                             "accumulation_steps=1 (a longer averaging period has the same "
+                             "effect on communication).")
         self.local_sgd = local_sgd
         self._also_averaged: list = []
         self.dynamic = loss_scale == "dynamic" or (

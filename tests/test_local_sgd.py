@@ -125,3 +125,32 @@ def test_local_sgd_refuses_accumulation():
     with pytest.raises(ValueError, match="does not combine with gradient accumulation"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
                                     accumulation_steps=2)
+
+
+def _fit_slowmo(strategy, slowmo, steps):
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(32,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                          local_sgd=PeriodicSchedule(period=3, warmup_steps=2),
+                                          slowmo=slowmo)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+              steps_per_epoch=steps, verbose=0)
+    return model
+
+
+def test_slowmo_with_zero_momentum_and_unit_lr_is_plain_local_sgd(mirrored):
+    from tfdist.averaging import SlowMo
+
+    plain = _fit_slowmo(mirrored(2), None, 11)
+    slow0 = _fit_slowmo(mirrored(2), SlowMo(momentum=0.0, learning_rate=1.0), 11)
+    common.assert_weights_close(common.weights(slow0), common.weights(plain), rtol=0, atol=1e-6)
+    slow = _fit_slowmo(mirrored(2), SlowMo(momentum=0.5, learning_rate=1.0), 11)
+    assert any(not np.allclose(a, b) for a, b in zip(common.weights(slow), common.weights(plain)))
+    a, b = _replica_weights(slow)  # step 11 ends an averaging round: replicas agree
+    common.assert_weights_close(a, b, rtol=0, atol=1e-7)
+    with pytest.raises(ValueError, match="needs `local_sgd`"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), slowmo=SlowMo())
+    with pytest.raises(ValueError, match="momentum=1.0"):
+        SlowMo(momentum=1.0)

@@ -6,6 +6,6 @@
     opt.average_also(model.non_trainable_variables)   # BatchNorm statistics
 """
 
-from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule
+from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule, SlowMo
 
-__all__ = ["HierarchicalSchedule", "PeriodicSchedule"]
+__all__ = ["HierarchicalSchedule", "PeriodicSchedule", "SlowMo"]

@@ -78,3 +78,28 @@ class HierarchicalSchedule:
         """(intra-host schedule, global schedule)."""
         return (PeriodicSchedule(self.intra_period, self.warmup_steps),
                 PeriodicSchedule(self.inter_period, self.warmup_steps))
+
+
+@dataclass(frozen=True)
+class SlowMo:
+    """Slow momentum on the averaged model (Wang et al., "SlowMo", ICLR 2020).
+
+    At each averaging round, with x0 the model after the previous round and x̄ the new average:
+    v <- momentum * v + (x0 - x̄);  x0 <- x0 - learning_rate * v;  every replica takes x0.
+    (The paper's base-learning-rate factors cancel for a constant inner learning rate.)
+    momentum=0 and learning_rate=1 is plain model averaging.
+
+    Args:
+        momentum: Outer momentum beta in [0, 1). Defaults to 0.5.
+        learning_rate: Outer learning rate alpha > 0. Defaults to 1.0.
+    """
+
+    momentum: float = 0.5
+    learning_rate: float = 1.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"`learning_rate` must be > 0. Received: learning_rate={self.learning_rate!r}")

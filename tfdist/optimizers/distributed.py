@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.averaging.schedule import PeriodicSchedule
+from tfdist.averaging.schedule import PeriodicSchedule, SlowMo
 from tfdist.comm import (
     Communicator,
     LocalCommunicator,
@@ -83,6 +83,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             steps (post-local SGD). Trainable variables are averaged; call `average_also(...)`
             with the model's non-trainable variables (BatchNorm statistics) to average those
             too. Optimizer state stays local. Defaults to None (synchronous every step).
+        slowmo: A `tfdist.averaging.SlowMo(momentum, learning_rate)`: slow momentum on the
+            averaged model at each averaging round (needs `local_sgd`). Defaults to None.
         name: Optional name.
 
     Example:
@@ -112,6 +114,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         track_norms: bool = False,
         variable_accumulation: bool = False,
         local_sgd: PeriodicSchedule | None = None,
+        slowmo: SlowMo | None = None,
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -165,7 +168,11 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("`local_sgd` does not combine with gradient accumulation yet: use "
                              "accumulation_steps=1 (a longer averaging period has the same "
                              "effect on communication).")
+        if slowmo is not None and (local_sgd is None or not isinstance(slowmo, SlowMo)):
+            raise ValueError("`slowmo` must be a tfdist.averaging.SlowMo and needs `local_sgd`. "
+                             f"Received: slowmo={slowmo!r}, local_sgd={local_sgd!r}")
         self.local_sgd = local_sgd
+        self.slowmo = slowmo
         self._also_averaged: list = []
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
@@ -199,6 +206,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.exchange.build(self, var_list)
         self._local_sgd_steps = self.add_variable(
             shape=(), dtype="int64", initializer="zeros", aggregation="none", name="local_sgd_steps")
+        self._slowmo_anchors, self._slowmo_buffers = [], []
+        if self.slowmo is not None:
+            self._slowmo_anchors = [self.add_variable_from_reference(v, "slowmo_anchor")
+                                    for v in var_list]
+            self._slowmo_buffers = [self.add_variable_from_reference(v, "slowmo_momentum")
+                                    for v in var_list]
         self._accumulators = []
         if self.accumulation_steps > 1 or self.variable_accumulation:
             self._accumulators = [
@@ -353,10 +366,15 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self._reduce_and_apply(comm, self._full(values, present, len(grads)), variables)
 
         def local(*values):
+            first_local = tf.equal(step, schedule.warmup_steps)
+            for anchor, var in zip(self._slowmo_anchors, variables):  # the synced model
+                anchor.assign(tf.where(first_local, tf.convert_to_tensor(var), anchor))
             local_grads = [g * tf.cast(scale, g.dtype) for g in self._unscale(list(values))]
             self._apply_reduced(self._full(local_grads, present, len(grads)), variables)
             replica_cond(schedule.is_averaging(step),
-                         lambda: self.exchange.average(comm, variables + self._also_averaged),
+                         lambda: self.exchange.average(
+                             comm, variables + self._also_averaged, self.slowmo,
+                             self._slowmo_anchors, self._slowmo_buffers),
                          lambda: None)
 
         replica_cond(schedule.is_synchronous(step), synchronous, local,
@@ -418,6 +436,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "variable_accumulation": self.variable_accumulation,
             "local_sgd": None if self.local_sgd is None else {
                 "period": self.local_sgd.period, "warmup_steps": self.local_sgd.warmup_steps},
+            "slowmo": None if self.slowmo is None else {
+                "momentum": self.slowmo.momentum, "learning_rate": self.slowmo.learning_rate},
         }
 
     @classmethod
@@ -425,6 +445,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         config = dict(config)
         if config.get("local_sgd") is not None:
             config["local_sgd"] = PeriodicSchedule(**config["local_sgd"])
+        if config.get("slowmo") is not None:
+            config["slowmo"] = SlowMo(**config["slowmo"])
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )

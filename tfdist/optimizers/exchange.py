@@ -170,12 +170,23 @@ class GradientExchange:
         chain(0, *[grads[i] for i in present])
         self._rounds.assign_add(1)
 
-    def average(self, comm: Communicator, variables: list) -> None:
+    def average(self, comm: Communicator, variables: list, slowmo=None,
+                anchors: list | None = None, buffers: list | None = None) -> None:
         """Replaces each variable by its mean over workers (one model-averaging round).
 
-        In replica context each replica reads and writes its own copy."""
+        With `slowmo` (a `tfdist.averaging.SlowMo`), the first len(anchors) variables take the
+        slow-momentum step from their `anchors` (the model after the previous round) with
+        momentum `buffers` instead. In replica context each replica updates its own copy."""
         values = [tf.convert_to_tensor(v) for v in variables]
-        for var, mean in zip(variables, comm.all_reduce(values, op="mean")):
+        means = comm.all_reduce(values, op="mean")
+        anchors, buffers = anchors or [], buffers or []
+        outer = len(anchors) if slowmo is not None else 0
+        for i, (var, mean) in enumerate(zip(variables, means)):
+            if i < outer:
+                v = slowmo.momentum * buffers[i] + (anchors[i] - tf.cast(mean, anchors[i].dtype))
+                buffers[i].assign(v)
+                mean = anchors[i] - slowmo.learning_rate * v
+                anchors[i].assign(mean)
             var.assign(mean)
         self._rounds.assign_add(1)
 

@@ -154,3 +154,53 @@ def test_slowmo_with_zero_momentum_and_unit_lr_is_plain_local_sgd(mirrored):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), slowmo=SlowMo())
     with pytest.raises(ValueError, match="momentum=1.0"):
         SlowMo(momentum=1.0)
+
+
+def _fit_epochs(strategy, period, callback, epochs=4, steps=4, lr=0.05):
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(32,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(lr),
+                                          local_sgd=PeriodicSchedule(period=period))
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    rounds = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: rounds.append(opt.communication_rounds))
+    hist = model.fit(common.distribute(strategy, x, y, BATCH), epochs=epochs,
+                     steps_per_epoch=steps, verbose=0, callbacks=[callback, record])
+    return opt, np.diff([0, *rounds]).tolist(), hist
+
+
+def test_fixed_period_schedule_changes_h_between_epochs(mirrored):
+    from tfdist.callbacks import AveragingPeriodSchedule
+
+    cb = AveragingPeriodSchedule(schedule={0: 2, 2: 4})
+    opt, rounds, hist = _fit_epochs(mirrored(2), 2, cb)
+    assert cb.periods == [2, 2, 4, 4] and hist.history["averaging_period"] == [2, 2, 4, 4]
+    assert rounds == [2, 2, 1, 1]  # 4 local steps per epoch: every 2nd, then every 4th
+
+
+def test_adaptive_rules(mirrored):
+    from tfdist.callbacks import AveragingPeriodSchedule, adacomm_period
+
+    assert adacomm_period(8, 2.0, 0.5) == 4 and adacomm_period(8, 2.0, 2.0) == 8
+    cb = AveragingPeriodSchedule(rule="adacomm")
+    _, _, hist = _fit_epochs(mirrored(2), 8, cb, epochs=4, steps=16, lr=0.3)
+    losses = hist.history["loss"]
+    expected = [adacomm_period(8, losses[0], loss) for loss in losses]
+    assert cb.periods == expected and expected[-1] < 8  # shorter as the loss falls
+    grow = AveragingPeriodSchedule(rule="progress", max_period=8)
+    _, _, hist = _fit_epochs(mirrored(2), 1, grow, epochs=4, steps=8, lr=0.2)
+    assert all(b < a for a, b in zip(hist.history["loss"], hist.history["loss"][1:]))
+    assert grow.periods == [1, 2, 4, 8]  # the loss kept falling: H doubled, up to max_period
+
+
+def test_averaging_period_schedule_bad_arguments():
+    from tfdist.callbacks import AveragingPeriodSchedule
+
+    with pytest.raises(ValueError, match="exactly one"):
+        AveragingPeriodSchedule()
+    with pytest.raises(ValueError, match="rule"):
+        AveragingPeriodSchedule(rule="linear")
+    with pytest.raises(ValueError, match="periods >= 1"):
+        AveragingPeriodSchedule(schedule={0: 0})

@@ -1,14 +1,17 @@
 """Keras callbacks that tune distributed training during `fit`."""
 
 from tfdist.callbacks.accordion import Accordion, critical_regimes
+from tfdist.callbacks.averaging_period import AveragingPeriodSchedule, adacomm_period
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
 
 __all__ = [
     "Accordion",
+    "AveragingPeriodSchedule",
     "CommunicationStats",
     "LearningRateWarmup",
     "StepTimer",
+    "adacomm_period",
     "critical_regimes",
     "warmup_learning_rate",
 ]

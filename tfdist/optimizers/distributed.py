@@ -206,6 +206,14 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.exchange.build(self, var_list)
         self._local_sgd_steps = self.add_variable(
             shape=(), dtype="int64", initializer="zeros", aggregation="none", name="local_sgd_steps")
+        # The averaging period lives in a variable so callbacks can change it during fit.
+        period = self.local_sgd.period if self.local_sgd is not None else 1
+        self._averaging_period = self.add_variable(
+            shape=(), dtype="int64", aggregation="none", name="averaging_period",
+            initializer=lambda shape, dtype: tf.constant(period, tf.int64))
+        self._since_averaging = self.add_variable(
+            shape=(), dtype="int64", initializer="zeros", aggregation="none",
+            name="steps_since_averaging")
         self._slowmo_anchors, self._slowmo_buffers = [], []
         if self.slowmo is not None:
             self._slowmo_anchors = [self.add_variable_from_reference(v, "slowmo_anchor")
@@ -353,6 +361,22 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("average_also needs `local_sgd`: this optimizer averages nothing.")
         self._also_averaged = list(variables)
 
+    def set_averaging_period(self, period: int) -> None:
+        """Changes local SGD's averaging period during training (eagerly, between steps).
+
+        The next averaging round comes once `period` local steps have passed since the last."""
+        if isinstance(period, bool) or not isinstance(period, (int, np.integer)) or period < 1:
+            raise ValueError(f"`period` must be an integer >= 1. Received: period={period!r}")
+        if self.local_sgd is None or not self.built:
+            raise ValueError("set_averaging_period needs a built optimizer with `local_sgd`.")
+        self._averaging_period.assign(int(period))
+
+    @property
+    def averaging_period(self) -> int:
+        if self.built and self.local_sgd is not None:
+            return int(self._averaging_period.numpy())
+        return self.local_sgd.period if self.local_sgd is not None else 1
+
     def _local_step(self, comm, grads, variables):
         """Post-local SGD: a synchronous step during warm-up; afterwards a local step, and every
         `period` steps a model-averaging round."""
@@ -371,11 +395,16 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 anchor.assign(tf.where(first_local, tf.convert_to_tensor(var), anchor))
             local_grads = [g * tf.cast(scale, g.dtype) for g in self._unscale(list(values))]
             self._apply_reduced(self._full(local_grads, present, len(grads)), variables)
-            replica_cond(schedule.is_averaging(step),
-                         lambda: self.exchange.average(
-                             comm, variables + self._also_averaged, self.slowmo,
-                             self._slowmo_anchors, self._slowmo_buffers),
-                         lambda: None)
+            since = self._since_averaging + 1
+            self._since_averaging.assign(since)
+
+            def average():
+                self.exchange.average(comm, variables + self._also_averaged, self.slowmo,
+                                      self._slowmo_anchors, self._slowmo_buffers)
+                self._since_averaging.assign(0)
+
+            # == schedule.is_averaging(step) while the period is left unchanged.
+            replica_cond(since >= self._averaging_period, average, lambda: None)
 
         replica_cond(schedule.is_synchronous(step), synchronous, local,
                      args=[grads[i] for i in present])

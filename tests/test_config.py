@@ -10,7 +10,8 @@ CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_are_valid(path):
     config = load_config(path)
-    assert set(config) == {"model", "data", "engine", "optimizer", "compression", "train"}
+    assert set(config) == {"model", "data", "engine", "optimizer", "compression", "averaging",
+                           "train"}
 
 
 def test_defaults_fill_missing_keys():

@@ -1,5 +1,9 @@
 """`tfdist bench`: measured tables (step time, bytes, accuracy), each with its command.
 
+Suite "local_sgd": configs/local_sgd.yaml (the default job with SGD-momentum) synchronous and
+with averaging periods 2, 4, 8 and 16 after a one-epoch synchronous warm-up: communication
+rounds, bytes, test accuracy and step time relative to synchronous training.
+
 Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
 devices) once dense and once per compressor config in configs/, in one process: bytes each
 worker sends per step, ratio to dense, test accuracy, and median step time relative to dense.
@@ -237,7 +241,47 @@ def _engines_rows(steps: int, repeats: int, out_dir: Path) -> list[dict]:
     return rows
 
 
-SUITES = ("engines", "compression")
+LOCAL_SGD_PERIODS = (None, 2, 4, 8, 16)
+
+
+def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
+    from tfdist.config import load_config
+    from tfdist.runner import train
+
+    rows = []
+    for i, period in enumerate(LOCAL_SGD_PERIODS):
+        name = "sync" if period is None else f"H{period}"
+        overrides = [f"train.output_dir={out_dir / name}", "train.verbose=0"]
+        if period is not None:
+            overrides += [f"averaging.period={period}", "averaging.warmup_steps=22"]
+        if quick:
+            overrides.append("train.epochs=4")
+        config = load_config(_configs_dir() / "local_sgd.yaml", overrides)
+        t = time.time()
+        s = train(config, progress=False)
+        print(f"bench: [{i + 1}/{len(LOCAL_SGD_PERIODS)}] {name}: accuracy "
+              f"{s['test_accuracy']:.4f}, {s['communication_rounds']} rounds "
+              f"({time.time() - t:.0f} s)", flush=True)
+        rows.append({"period": period, "warmup_steps": 0 if period is None else 22,
+                     "rounds": s["communication_rounds"], "steps": s["steps"],
+                     "bytes_total": s["bytes_sent_total"], "test_accuracy": s["test_accuracy"],
+                     "step_ms": s["step_ms_median"]})
+    return rows
+
+
+def _local_sgd_table(rows: list[dict]) -> str:
+    base = rows[0]
+    lines = ["| period H | warm-up steps | rounds / steps | bytes sent (total/worker) | "
+             "test accuracy | step time vs sync |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        period = "sync (1, all-reduce)" if r["period"] is None else str(r["period"])
+        lines.append(f"| {period} | {r['warmup_steps']} | {r['rounds']} / {r['steps']} | "
+                     f"{r['bytes_total']:,.0f} | {r['test_accuracy']:.4f} | "
+                     f"{r['step_ms'] / base['step_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+SUITES = ("engines", "compression", "local_sgd")
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
@@ -251,10 +295,16 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
-    if suite == "compression":
+    meta: dict = {}
+    if suite == "local_sgd":
+        print(f"bench: local_sgd: {len(LOCAL_SGD_PERIODS)} runs of configs/local_sgd.yaml",
+              flush=True)
+        rows = _local_sgd_rows(quick, out_dir)
+        table = _local_sgd_table(rows)
+    elif suite == "compression":
         print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
         rows = _compression_rows(quick, out_dir)
-        table, meta = _compression_table(rows), {}
+        table = _compression_table(rows)
     else:
         print(f"bench: engines: {repeats} repeats x {steps} steps, global batch {GLOBAL_BATCH}, "
               f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}", flush=True)

@@ -1,7 +1,7 @@
 """The `tfdist` command.
 
     tfdist train --config configs/default.yaml [--set train.epochs=3 ...]
-    tfdist bench --suite engines|compression [--quick]
+    tfdist bench --suite engines|compression|local_sgd [--quick]
     tfdist info
 """
 
@@ -18,7 +18,8 @@ COMMANDS = ("train", "bench", "info")
 flags.DEFINE_string("config", None, "Path to a YAML config (see configs/).")
 flags.DEFINE_multi_string("set", [], "Override a config value: --set section.key=value "
                           "(repeatable), e.g. --set train.epochs=3.")
-flags.DEFINE_enum("suite", "engines", ["engines", "compression"], "Benchmark suite to run.")
+flags.DEFINE_enum("suite", "engines", ["engines", "compression", "local_sgd"],
+                  "Benchmark suite to run.")
 flags.DEFINE_bool("quick", False, "Benchmark: fewer steps and repeats.")
 flags.DEFINE_integer("steps", None, "Benchmark: timed steps per repeat.")
 flags.DEFINE_integer("repeats", None, "Benchmark: repeats per engine (interleaved).")
@@ -54,6 +55,8 @@ def _print_summary(s: dict) -> None:
     print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
           f"{s['final_train_accuracy']:.4f}, last epoch)")
     comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
+    if s.get("averaging_period"):
+        comp = f"none; local SGD, averaging every {s['averaging_period']} steps"
     print(f"compression       {comp}")
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
           f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "

@@ -1,6 +1,7 @@
 """Experiment configs: YAML files in configs/, validated before anything starts.
 
-A config has six sections (`model`, `data`, `engine`, `optimizer`, `compression`, `train`); every key has a
+A config has seven sections (`model`, `data`, `engine`, `optimizer`, `compression`,
+`averaging`, `train`); every key has a
 default, a type and a rule. `load_config` fills defaults, applies `section.key=value` overrides
 and reports *every* problem at once, each naming the key, the value received and what is allowed.
 """
@@ -95,6 +96,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "compress_1d": Field(False, (bool,), "true or false"),
         "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
     },
+    "averaging": {
+        "period": _int("an integer >= 1, or null for synchronous training", lambda v: v >= 1,
+                       None, nullable=True),
+        "warmup_steps": _int("an integer >= 0 (synchronous steps first)", lambda v: v >= 0, 0),
+        "slowmo_momentum": _float("a number in [0, 1), or null (no SlowMo)",
+                                  lambda v: 0 <= v < 1, None, nullable=True),
+        "slowmo_learning_rate": _float("a number > 0", lambda v: v > 0, 1.0),
+    },
     "train": {
         "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),
         "steps_per_epoch": _int("an integer >= 1, or null (one pass over the data)",
@@ -174,6 +183,13 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
             make_compressor(comp)
         except ValueError as e:
             errors.append(f"compression: {comp['name']} with options {comp['options']}: {e}")
+    if c["averaging"]["period"] is not None and (comp["name"] != "none"
+                                                  or c["optimizer"]["accumulation_steps"] > 1):
+        errors.append("averaging.period: local SGD does not combine with compression or "
+                      "gradient accumulation; set compression.name to none and "
+                      "optimizer.accumulation_steps to 1, or averaging.period to null")
+    if c["averaging"]["slowmo_momentum"] is not None and c["averaging"]["period"] is None:
+        errors.append("averaging.slowmo_momentum: SlowMo needs averaging.period")
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import compression
+from tfdist.averaging import PeriodicSchedule, SlowMo
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup, StepTimer
 from tfdist.comm import ring_bytes
 from tfdist.config import make_compressor
@@ -141,10 +142,14 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         model = build_model(config["model"]["name"], input_shape, num_classes,
                             config["model"]["hidden"])
         inner = _inner_optimizer(opt_cfg, lr)
-        comp = config["compression"]
+        comp, avg = config["compression"], config["averaging"]
         kwargs = dict(accumulation_steps=accumulation, loss_scale=opt_cfg["loss_scale"],
                       compressor=make_compressor(comp), min_compress_size=comp["min_size"],
                       compress_1d=comp["compress_1d"], compression_start_step=comp["start_step"])
+        if avg["period"] is not None:
+            kwargs["local_sgd"] = PeriodicSchedule(avg["period"], avg["warmup_steps"])
+            if avg["slowmo_momentum"] is not None:
+                kwargs["slowmo"] = SlowMo(avg["slowmo_momentum"], avg["slowmo_learning_rate"])
         if engine.name == "horovod":
             import tfdist.horovod as thvd
 
@@ -153,6 +158,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             optimizer = DistributedOptimizer(inner, **kwargs)
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
+        if optimizer.local_sgd is not None:
+            optimizer.average_also(model.non_trainable_variables)
 
     steps = config["train"]["steps_per_epoch"] or max(1, len(y) // micro_batch)
     seed = data_cfg["seed"]
@@ -200,6 +207,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "bytes_sent_total": optimizer.bytes_sent,
         "bytes_sent_per_step": optimizer.bytes_sent / total_steps,
         "communication_rounds": optimizer.communication_rounds,
+        "averaging_period": None if optimizer.local_sgd is None else optimizer.averaging_period,
         "trainable_parameters": trainable,
         "gradient_bytes_per_round": 4 * trainable,
         "compressor": compression.serialize(optimizer.compressor),

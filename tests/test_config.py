@@ -37,6 +37,11 @@ def test_defaults_fill_missing_keys():
     ({"compression": {"name": "topk", "options": {"ratio": 1.5}}}, "ratio=1.5"),
     ({"compression": {"name": "powersgd", "options": {"rank": 0}}}, "rank=0"),
     ({"compression": {"name": "topk", "options": {"rate": 0.1}}}, "Bad arguments for compressor"),
+    ({"averaging": {"period": 0}}, "averaging.period: got 0; must be an integer >= 1"),
+    ({"averaging": {"period": 4, "warmup_steps": -1}}, "averaging.warmup_steps: got -1"),
+    ({"averaging": {"slowmo_momentum": 0.5}}, "SlowMo needs averaging.period"),
+    ({"averaging": {"period": 4}, "compression": {"name": "fp16"}},
+     "local SGD does not combine with compression"),
 ])
 def test_errors_name_key_value_and_rule(raw, message):
     with pytest.raises(ConfigError) as e:

@@ -117,7 +117,7 @@ def test_resumed_run_does_not_repeat_the_warm_up(mirrored, tmp_path):
     with strategy.scope():
         loaded = keras.saving.load_model(path)
     assert loaded.optimizer.local_sgd == PeriodicSchedule(2, 3)
-    assert int(loaded.optimizer._local_sgd_steps.numpy()) == 4   # past the 3 warm-up steps
+    assert loaded.optimizer.averaging.steps == 4   # past the 3 warm-up steps
     assert loaded.optimizer.communication_rounds == opt.communication_rounds == 3 + 0
 
 
@@ -151,7 +151,7 @@ def test_slowmo_with_zero_momentum_and_unit_lr_is_plain_local_sgd(mirrored):
     a, b = _replica_weights(slow)  # step 11 ends an averaging round: replicas agree
     common.assert_weights_close(a, b, rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="needs `local_sgd`"):
-        tfdist.DistributedOptimizer(keras.optimizers.SGD(), slowmo=SlowMo())
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), slowmo=SlowMo())  # no local_sgd
     with pytest.raises(ValueError, match="momentum=1.0"):
         SlowMo(momentum=1.0)
 

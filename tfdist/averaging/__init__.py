@@ -6,6 +6,7 @@
     opt.average_also(model.non_trainable_variables)   # BatchNorm statistics
 """
 
+from tfdist.averaging.model_averaging import ModelAveraging
 from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule, SlowMo
 
-__all__ = ["HierarchicalSchedule", "PeriodicSchedule", "SlowMo"]
+__all__ = ["HierarchicalSchedule", "ModelAveraging", "PeriodicSchedule", "SlowMo"]

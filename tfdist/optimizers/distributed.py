@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.averaging.model_averaging import ModelAveraging
 from tfdist.averaging.schedule import PeriodicSchedule, SlowMo
 from tfdist.comm import (
     Communicator,
@@ -159,21 +160,18 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.verify_model = verify_model
         self.exchange = exchange
         self.variable_accumulation = bool(variable_accumulation)
-        if local_sgd is not None and not isinstance(local_sgd, PeriodicSchedule):
-            raise ValueError("`local_sgd` must be a tfdist.averaging.PeriodicSchedule. "
-                             f"Received: local_sgd={local_sgd!r}")
+        if slowmo is not None and local_sgd is None:
+            raise ValueError("`slowmo` needs `local_sgd`. "
+                             f"Received: slowmo={slowmo!r}, local_sgd=None")
+        self.averaging = None if local_sgd is None else ModelAveraging(local_sgd, slowmo)
         if local_sgd is not None and exchange.compressor is not None:
             raise ValueError("Use either `compressor` or `local_sgd`, not both.")
         if local_sgd is not None and (accumulation_steps > 1 or variable_accumulation):
             raise ValueError("`local_sgd` does not combine with gradient accumulation yet: use "
                              "accumulation_steps=1 (a longer averaging period has the same "
                              "effect on communication).")
-        if slowmo is not None and (local_sgd is None or not isinstance(slowmo, SlowMo)):
-            raise ValueError("`slowmo` must be a tfdist.averaging.SlowMo and needs `local_sgd`. "
-                             f"Received: slowmo={slowmo!r}, local_sgd={local_sgd!r}")
         self.local_sgd = local_sgd
         self.slowmo = slowmo
-        self._also_averaged: list = []
         self.dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16"
         )
@@ -204,22 +202,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     # -- Keras optimizer API -------------------------------------------------------------------
     def build(self, var_list):
         self.exchange.build(self, var_list)
-        self._local_sgd_steps = self.add_variable(
-            shape=(), dtype="int64", initializer="zeros", aggregation="none", name="local_sgd_steps")
-        # The averaging period lives in a variable so callbacks can change it during fit.
-        period = self.local_sgd.period if self.local_sgd is not None else 1
-        self._averaging_period = self.add_variable(
-            shape=(), dtype="int64", aggregation="none", name="averaging_period",
-            initializer=lambda shape, dtype: tf.constant(period, tf.int64))
-        self._since_averaging = self.add_variable(
-            shape=(), dtype="int64", initializer="zeros", aggregation="none",
-            name="steps_since_averaging")
-        self._slowmo_anchors, self._slowmo_buffers = [], []
-        if self.slowmo is not None:
-            self._slowmo_anchors = [self.add_variable_from_reference(v, "slowmo_anchor")
-                                    for v in var_list]
-            self._slowmo_buffers = [self.add_variable_from_reference(v, "slowmo_momentum")
-                                    for v in var_list]
+        if self.averaging is not None:
+            self.averaging.build(self, var_list)
         self._accumulators = []
         if self.accumulation_steps > 1 or self.variable_accumulation:
             self._accumulators = [
@@ -357,65 +341,30 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         """Adds variables (e.g. `model.non_trainable_variables`) to local SGD's averaging.
 
         Call before training starts (before the train step is traced)."""
-        if self.local_sgd is None:
+        if self.averaging is None:
             raise ValueError("average_also needs `local_sgd`: this optimizer averages nothing.")
-        self._also_averaged = list(variables)
+        self.averaging.also_averaged = list(variables)
 
     def set_averaging_period(self, period: int) -> None:
         """Changes local SGD's averaging period during training (eagerly, between steps).
 
         The next averaging round comes once `period` local steps have passed since the last."""
-        if isinstance(period, bool) or not isinstance(period, (int, np.integer)) or period < 1:
-            raise ValueError(f"`period` must be an integer >= 1. Received: period={period!r}")
-        if self.local_sgd is None or not self.built:
-            raise ValueError("set_averaging_period needs a built optimizer with `local_sgd`.")
-        self._averaging_period.assign(int(period))
+        if self.averaging is None:
+            raise ValueError("set_averaging_period needs an optimizer with `local_sgd`.")
+        self.averaging.set_period(period)
 
     @property
     def averaging_period(self) -> int:
-        if self.built and self.local_sgd is not None:
-            return int(self._averaging_period.numpy())
-        return self.local_sgd.period if self.local_sgd is not None else 1
+        return self.averaging.period if self.averaging is not None else 1
 
     def _local_step(self, comm, grads, variables):
-        """Post-local SGD: a synchronous step during warm-up; afterwards a local step, and every
-        `period` steps a model-averaging round."""
-        schedule = self.local_sgd
-        step = tf.convert_to_tensor(self._local_sgd_steps)
-        present = [i for i, g in enumerate(grads) if g is not None]
+        assert self.averaging is not None
         # Keras divides the loss by the number of replicas; a local step undoes it.
-        scale = comm.world_size if self._reduce_op == "sum" else 1
-
-        def synchronous(*values):
-            self._reduce_and_apply(comm, self._full(values, present, len(grads)), variables)
-
-        def local(*values):
-            first_local = tf.equal(step, schedule.warmup_steps)
-            for anchor, var in zip(self._slowmo_anchors, variables):  # the synced model
-                anchor.assign(tf.where(first_local, tf.convert_to_tensor(var), anchor))
-            local_grads = [g * tf.cast(scale, g.dtype) for g in self._unscale(list(values))]
-            self._apply_reduced(self._full(local_grads, present, len(grads)), variables)
-            since = self._since_averaging + 1
-            self._since_averaging.assign(since)
-
-            def average():
-                self.exchange.average(comm, variables + self._also_averaged, self.slowmo,
-                                      self._slowmo_anchors, self._slowmo_buffers)
-                self._since_averaging.assign(0)
-
-            # == schedule.is_averaging(step) while the period is left unchanged.
-            replica_cond(since >= self._averaging_period, average, lambda: None)
-
-        replica_cond(schedule.is_synchronous(step), synchronous, local,
-                     args=[grads[i] for i in present])
-        self._local_sgd_steps.assign_add(1)
-
-    @staticmethod
-    def _full(values, present, n):
-        grads: list = [None] * n
-        for i, g in zip(present, values):
-            grads[i] = g
-        return grads
+        self.averaging.step(
+            self.exchange, comm, grads, variables,
+            synchronous=lambda full: self._reduce_and_apply(comm, full, variables),
+            apply_local=lambda full: self._apply_reduced(self._unscale(full), variables),
+            local_scale=comm.world_size if self._reduce_op == "sum" else 1)
 
     def _unscale(self, grads):
         if not self.dynamic:
@@ -463,10 +412,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "verify_model": self.verify_model,
             **self.exchange.get_config(),
             "variable_accumulation": self.variable_accumulation,
-            "local_sgd": None if self.local_sgd is None else {
-                "period": self.local_sgd.period, "warmup_steps": self.local_sgd.warmup_steps},
-            "slowmo": None if self.slowmo is None else {
-                "momentum": self.slowmo.momentum, "learning_rate": self.slowmo.learning_rate},
+            **(self.averaging.get_config() if self.averaging is not None
+               else {"local_sgd": None, "slowmo": None}),
         }
 
     @classmethod

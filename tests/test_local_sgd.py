@@ -204,3 +204,32 @@ def test_averaging_period_schedule_bad_arguments():
         AveragingPeriodSchedule(rule="linear")
     with pytest.raises(ValueError, match="periods >= 1"):
         AveragingPeriodSchedule(schedule={0: 0})
+
+
+def test_local_sgd_strategy_equals_the_wrapper_and_averages_batchnorm(mirrored):
+    """One core, two entry points: LocalSGDStrategy with the user's own optimizer trains exactly
+    like DistributedOptimizer(local_sgd=...) + average_also(non-trainable variables)."""
+    schedule = PeriodicSchedule(period=3, warmup_steps=2)
+    wrapper, wrapper_opt, fit_w = _model_and_fit(mirrored(2), schedule, bn=True)
+    fit_w(8)
+    strategy = tfdist.LocalSGDStrategy(period=3, warmup_steps=2, devices=common.cpu_devices(2))
+    x, y = common.load_digits()
+    with strategy.scope():
+        keras.utils.set_random_seed(common.SEED)
+        inputs = keras.Input((8, 8, 1))
+        h = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(inputs))
+        h = keras.layers.BatchNormalization()(h)
+        model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+    model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+              steps_per_epoch=8, verbose=0)
+    averaging = model.optimizer._tfdist_averaging
+    assert {id(v) for v in averaging.also_averaged} == {
+        id(v.value) for v in model.non_trainable_variables}  # found without being named
+    common.assert_weights_close(common.weights(model), common.weights(wrapper), rtol=0, atol=1e-6)
+    assert model.optimizer._tfdist_exchange.bytes_sent == wrapper_opt.bytes_sent
+    a, b = _replica_weights(model)  # step 8 ended an averaging round (local steps 3 and 6)
+    common.assert_weights_close(a, b, rtol=0, atol=1e-7)
+    with pytest.raises(ValueError, match="period=0"):
+        tfdist.LocalSGDStrategy(period=0)

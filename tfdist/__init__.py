@@ -10,7 +10,9 @@ from tfdist.optimizers import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.strategies import (
     CompressedStrategy,
+    LocalSGDStrategy,
     MultiWorkerCompressedStrategy,
+    MultiWorkerLocalSGDStrategy,
     MultiWorkerMirroredStrategy,
 )
 
@@ -20,7 +22,9 @@ __all__ = [
     "CompressedStrategy",
     "DistributedOptimizer",
     "GradientExchange",
+    "LocalSGDStrategy",
     "MultiWorkerCompressedStrategy",
+    "MultiWorkerLocalSGDStrategy",
     "MultiWorkerMirroredStrategy",
     "__version__",
     "averaging",

@@ -45,6 +45,7 @@ def disable_gradient_all_reduce(optimizer) -> None:
 # the original code path unchanged.
 UPDATE_HOOK = "_backend_update_step"
 EXCHANGE_ATTRIBUTE = "_tfdist_exchange"
+AVERAGING_ATTRIBUTE = "_tfdist_averaging"  # LocalSGDStrategy's ModelAveraging
 SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
 _installed: dict[str, Any] = {}
 
@@ -81,6 +82,11 @@ def install_strategy_hooks() -> None:
             exchange = make()
             exchange.build(self, variables)
             object.__setattr__(self, EXCHANGE_ATTRIBUTE, exchange)
+            make_averaging = getattr(self._distribution_strategy, "make_model_averaging", None)
+            if make_averaging is not None:
+                averaging = make_averaging(self)
+                averaging.build(self, variables)
+                object.__setattr__(self, AVERAGING_ATTRIBUTE, averaging)
 
     def update_step(self, grads, trainable_variables, learning_rate):
         exchange = getattr(self, EXCHANGE_ATTRIBUTE, None)
@@ -97,7 +103,14 @@ def install_strategy_hooks() -> None:
                 [(g, v) for g, v in zip(reduced, variables) if g is not None], learning_rate)
 
         comm = ReplicaCommunicator(strategy, exchange.counter())
-        exchange.exchange(comm, list(grads), variables, apply, reduce_op="sum")
+        averaging = getattr(self, AVERAGING_ATTRIBUTE, None)
+        if averaging is None:
+            exchange.exchange(comm, list(grads), variables, apply, reduce_op="sum")
+            return
+        averaging.step(
+            exchange, comm, list(grads), variables,
+            synchronous=lambda full: exchange.exchange(comm, full, variables, apply, "sum"),
+            apply_local=apply, local_scale=comm.world_size)
 
     cls.build = build
     setattr(cls, UPDATE_HOOK, update_step)

@@ -2,10 +2,13 @@
 
 from tfdist.strategies._tf_hooks import new_mirrored_strategy
 from tfdist.strategies.compressed import CompressedStrategy, MultiWorkerCompressedStrategy
+from tfdist.strategies.local_sgd import LocalSGDStrategy, MultiWorkerLocalSGDStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
 __all__ = [
     "CompressedStrategy",
+    "LocalSGDStrategy",
+    "MultiWorkerLocalSGDStrategy",
     "MultiWorkerCompressedStrategy",
     "MultiWorkerMirroredStrategy",
     "new_mirrored_strategy",

@@ -1,0 +1,94 @@
+"""Strategies that train with post-local SGD (and optionally SlowMo), the user's optimizer unchanged.
+
+    strategy = tfdist.LocalSGDStrategy(period=8, warmup_steps=200)           # one host
+    strategy = tfdist.MultiWorkerLocalSGDStrategy(period=8, warmup_steps=200) # TF_CONFIG workers
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=...)
+    model.fit(...)
+
+Every Keras optimizer built under the scope carries a `tfdist.averaging.ModelAveraging` (the same
+core as `DistributedOptimizer(local_sgd=...)`). The strategy records the variables created in its
+scope, so the model's non-trainable float variables (BatchNorm statistics) are averaged too,
+without being named. Optimizer state stays local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from tfdist.averaging import ModelAveraging, PeriodicSchedule, SlowMo
+from tfdist.optimizers._keras_hooks import install_strategy_hooks
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.strategies._tf_hooks import advance_collective_keys
+from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+
+class _LocalSGD:
+    """Mixin: the schedule, a scope that records variables, and the per-optimizer components."""
+
+    def _init_local_sgd(self, period, warmup_steps, slowmo):
+        self.schedule = PeriodicSchedule(period, warmup_steps)  # validates
+        ModelAveraging(self.schedule, slowmo)  # validates slowmo
+        self.slowmo = slowmo
+        self._created: list = []
+        install_strategy_hooks()
+
+    @contextlib.contextmanager
+    def scope(self):
+        """The strategy's scope, also recording every variable created in it."""
+        def record(next_creator, **kwargs):
+            var = next_creator(**kwargs)
+            self._created.append(var)
+            return var
+
+        with super().scope(), tf.variable_creator_scope(record):
+            yield self
+
+    def make_gradient_exchange(self) -> GradientExchange:
+        return GradientExchange()  # dense all-reduce during the warm-up
+
+    def make_model_averaging(self, optimizer) -> ModelAveraging:
+        averaging = ModelAveraging(self.schedule, self.slowmo)
+        owned = {id(getattr(v, "value", v)) for v in optimizer.variables}  # Keras -> tf variable
+        unique = {id(v): v for v in self._created}  # nested scopes record a variable twice
+        averaging.also_averaged = [
+            v for v in unique.values()
+            if not v.trainable and v.dtype.is_floating and id(v) not in owned
+            and getattr(v, "synchronization", None) != tf.VariableSynchronization.ON_READ]
+        return averaging
+
+
+class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
+    """MirroredStrategy (one host, many devices) training with post-local SGD.
+
+    Args:
+        period: Local steps between model-averaging rounds (>= 1).
+        warmup_steps: Synchronous steps first (post-local SGD). Defaults to 0.
+        slowmo: Optional `tfdist.averaging.SlowMo(momentum, learning_rate)`.
+        devices, cross_device_ops: MirroredStrategy's arguments.
+    """
+
+    def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
+                 devices=None, cross_device_ops=None):
+        self._init_local_sgd(period, warmup_steps, slowmo)
+        advance_collective_keys()
+        super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+
+class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
+    """`tfdist.MultiWorkerMirroredStrategy` (TF_CONFIG workers) training with post-local SGD.
+
+    Args: as `LocalSGDStrategy`, plus `cluster_resolver`, `communication_options` and
+    `timeout_seconds` of `tfdist.MultiWorkerMirroredStrategy`.
+    """
+
+    def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
+                 cluster_resolver=None, communication_options=None,
+                 timeout_seconds: float | None = None):
+        self._init_local_sgd(period, warmup_steps, slowmo)
+        super().__init__(cluster_resolver=cluster_resolver,
+                         communication_options=communication_options,
+                         timeout_seconds=timeout_seconds)

@@ -224,6 +224,14 @@ def test_local_sgd_on_two_tf_config_workers_ends_identical(worker_cmd, tmp_path)
     _assert_local_sgd_ranks(tmp_path)
 
 
+def test_multi_worker_local_sgd_strategy_ends_identical(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",
+         "--strategy-local-sgd", "3"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_local_sgd_ranks(tmp_path)
+
+
 @needs_horovod
 @pytest.mark.horovod
 def test_local_sgd_on_two_horovod_ranks_ends_identical(worker_cmd, tmp_path):

@@ -33,6 +33,8 @@ def main() -> None:
     p.add_argument("--min-compress-size", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--local-sgd", type=int, default=0, help="local SGD period (0: off)")
+    p.add_argument("--strategy-local-sgd", type=int, default=0,
+                   help="period for tfdist.MultiWorkerLocalSGDStrategy (0: off)")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -55,7 +57,10 @@ def main() -> None:
         engine, strategy = "horovod", None
     else:
         options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=args.timeout)
-        if args.strategy_compressor:
+        if args.strategy_local_sgd:
+            strategy = tfdist.MultiWorkerLocalSGDStrategy(
+                args.strategy_local_sgd, warmup_steps=1, communication_options=options)
+        elif args.strategy_compressor:
             strategy = tfdist.MultiWorkerCompressedStrategy(
                 json.loads(args.strategy_compressor), communication_options=options)
         else:
@@ -72,7 +77,7 @@ def main() -> None:
         extra = {"compressor": json.loads(args.compressor),
                  "min_compress_size": args.min_compress_size, "compress_1d": True}
     extra = dict(extra)
-    if args.strategy_compressor:
+    if args.strategy_compressor or args.strategy_local_sgd:
         extra["wrap"] = False
     if args.local_sgd:
         extra["local_sgd"] = tfdist.averaging.PeriodicSchedule(args.local_sgd, warmup_steps=1)

@@ -252,7 +252,9 @@ def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
     for i, period in enumerate(LOCAL_SGD_PERIODS):
         name = "sync" if period is None else f"H{period}"
         overrides = [f"train.output_dir={out_dir / name}", "train.verbose=0"]
-        if period is not None:
+        if period is None:
+            overrides += ["averaging.period=null", "averaging.warmup_steps=0"]
+        else:
             overrides += [f"averaging.period={period}", "averaging.warmup_steps=22"]
         if quick:
             overrides.append("train.epochs=4")

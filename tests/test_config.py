@@ -40,6 +40,7 @@ def test_defaults_fill_missing_keys():
     ({"averaging": {"period": 0}}, "averaging.period: got 0; must be an integer >= 1"),
     ({"averaging": {"period": 4, "warmup_steps": -1}}, "averaging.warmup_steps: got -1"),
     ({"averaging": {"slowmo_momentum": 0.5}}, "SlowMo needs averaging.period"),
+    ({"averaging": {"period": 2, "topology": "star"}}, "averaging.topology: got 'star'"),
     ({"averaging": {"period": 4}, "compression": {"name": "fp16"}},
      "local SGD does not combine with compression"),
 ])

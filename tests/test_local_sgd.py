@@ -233,3 +233,31 @@ def test_local_sgd_strategy_equals_the_wrapper_and_averages_batchnorm(mirrored):
     common.assert_weights_close(a, b, rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="period=0"):
         tfdist.LocalSGDStrategy(period=0)
+
+
+def test_ring_gossip_without_gradients_converges_to_the_mean(mirrored):
+    """Decentralized averaging (each replica with its two ring neighbours, every step): with a
+    zero learning rate the replicas' models converge to their mean, which gossip preserves."""
+    strategy = mirrored(4)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(8,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.0),
+                                          local_sgd=PeriodicSchedule(period=1),
+                                          averaging_topology="ring")
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    for v in model.trainable_variables:  # start the 4 replicas from different models
+        for copy in v.value.values:
+            copy.assign(rng.standard_normal(v.shape).astype(np.float32))
+    start = [np.mean([c.numpy() for c in v.value.values], axis=0) for v in model.trainable_variables]
+    model.fit(common.distribute(strategy, x, y, BATCH), epochs=1, steps_per_epoch=25, verbose=0)
+    for v, mean in zip(model.trainable_variables, start):
+        for copy in v.value.values:
+            np.testing.assert_allclose(copy.numpy(), mean, atol=1e-5)
+    params = 4 * model.count_params()
+    assert opt.communication_rounds == 25
+    assert opt.bytes_sent == pytest.approx(25 * 3 * params)  # all-gather: (N - 1) x size
+    with pytest.raises(ValueError, match="topology"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(1),
+                                    averaging_topology="star")

@@ -103,6 +103,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "slowmo_momentum": _float("a number in [0, 1), or null (no SlowMo)",
                                   lambda v: 0 <= v < 1, None, nullable=True),
         "slowmo_learning_rate": _float("a number > 0", lambda v: v > 0, 1.0),
+        "topology": _choice(("all", "ring"), "all"),
     },
     "train": {
         "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),

@@ -148,6 +148,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                       compress_1d=comp["compress_1d"], compression_start_step=comp["start_step"])
         if avg["period"] is not None:
             kwargs["local_sgd"] = PeriodicSchedule(avg["period"], avg["warmup_steps"])
+            kwargs["averaging_topology"] = avg["topology"]
             if avg["slowmo_momentum"] is not None:
                 kwargs["slowmo"] = SlowMo(avg["slowmo_momentum"], avg["slowmo_learning_rate"])
         if engine.name == "horovod":

@@ -17,6 +17,8 @@ import tensorflow as tf
 from tfdist.averaging.schedule import PeriodicSchedule, SlowMo
 from tfdist.comm.control import replica_cond
 
+TOPOLOGIES = ("all", "ring")
+
 
 class ModelAveraging:
     """Periodic model averaging after a synchronous warm-up, optionally with SlowMo.
@@ -24,15 +26,23 @@ class ModelAveraging:
     Args:
         schedule: The `PeriodicSchedule(period, warmup_steps)`.
         slowmo: Optional `SlowMo(momentum, learning_rate)` applied at each averaging round.
+        topology: "all" (exact average over every replica) or "ring" (decentralized gossip:
+            each replica averages with its two ring neighbours; with period 1 and no gradient,
+            the replicas converge to their mean).
     """
 
-    def __init__(self, schedule: PeriodicSchedule, slowmo: SlowMo | None = None):
+    def __init__(self, schedule: PeriodicSchedule, slowmo: SlowMo | None = None,
+                 topology: str = "all"):
         if not isinstance(schedule, PeriodicSchedule):
             raise ValueError("`local_sgd` must be a tfdist.averaging.PeriodicSchedule. "
                              f"Received: local_sgd={schedule!r}")
         if slowmo is not None and not isinstance(slowmo, SlowMo):
             raise ValueError(f"`slowmo` must be a tfdist.averaging.SlowMo. Received: {slowmo!r}")
-        self.schedule, self.slowmo = schedule, slowmo
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"`topology` must be one of {TOPOLOGIES}. Received: {topology!r}")
+        if topology == "ring" and slowmo is not None:
+            raise ValueError("SlowMo needs exact averaging: use topology='all' with `slowmo`.")
+        self.schedule, self.slowmo, self.topology = schedule, slowmo, topology
         self.also_averaged: list = []
         self.built = False
 
@@ -90,8 +100,11 @@ class ModelAveraging:
             self._since.assign(since)
 
             def average():
-                exchange.average(comm, variables + self.also_averaged, self.slowmo,
-                                 self._anchors, self._buffers)
+                if self.topology == "ring":
+                    exchange.gossip(comm, variables + self.also_averaged)
+                else:
+                    exchange.average(comm, variables + self.also_averaged, self.slowmo,
+                                     self._anchors, self._buffers)
                 self._since.assign(0)
 
             # == schedule.is_averaging(step) while the period is left unchanged.
@@ -106,5 +119,6 @@ class ModelAveraging:
         s = self.slowmo
         return {"local_sgd": {"period": self.schedule.period,
                               "warmup_steps": self.schedule.warmup_steps},
+                "averaging_topology": self.topology,
                 "slowmo": None if s is None else {"momentum": s.momentum,
                                                   "learning_rate": s.learning_rate}}

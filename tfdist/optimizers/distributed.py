@@ -86,6 +86,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             too. Optimizer state stays local. Defaults to None (synchronous every step).
         slowmo: A `tfdist.averaging.SlowMo(momentum, learning_rate)`: slow momentum on the
             averaged model at each averaging round (needs `local_sgd`). Defaults to None.
+        averaging_topology: "all" (exact model average) or "ring" (decentralized gossip with the
+            two ring neighbours). Defaults to "all".
         name: Optional name.
 
     Example:
@@ -116,6 +118,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         variable_accumulation: bool = False,
         local_sgd: PeriodicSchedule | None = None,
         slowmo: SlowMo | None = None,
+        averaging_topology: str = "all",
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -163,7 +166,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         if slowmo is not None and local_sgd is None:
             raise ValueError("`slowmo` needs `local_sgd`. "
                              f"Received: slowmo={slowmo!r}, local_sgd=None")
-        self.averaging = None if local_sgd is None else ModelAveraging(local_sgd, slowmo)
+        self.averaging = (None if local_sgd is None
+                          else ModelAveraging(local_sgd, slowmo, averaging_topology))
         if local_sgd is not None and exchange.compressor is not None:
             raise ValueError("Use either `compressor` or `local_sgd`, not both.")
         if local_sgd is not None and (accumulation_steps > 1 or variable_accumulation):
@@ -413,7 +417,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             **self.exchange.get_config(),
             "variable_accumulation": self.variable_accumulation,
             **(self.averaging.get_config() if self.averaging is not None
-               else {"local_sgd": None, "slowmo": None}),
+               else {"local_sgd": None, "slowmo": None, "averaging_topology": "all"}),
         }
 
     @classmethod

@@ -190,6 +190,24 @@ class GradientExchange:
             var.assign(mean)
         self._rounds.assign_add(1)
 
+    def gossip(self, comm: Communicator, variables: list) -> None:
+        """One decentralized round (BAGUA-style ring gossip): each replica replaces each variable
+        by the mean of its own and its two ring neighbours' copies (of the one other copy when
+        there are two replicas). The copies travel by all-gather, whose bytes are what is counted:
+        (N - 1) x the variable's size per replica."""
+        n = comm.world_size
+        rank = tf.cast(comm.rank, tf.int32)
+        for var in variables:
+            mine = tf.convert_to_tensor(var)
+            copies = comm.all_gather(mine[None])
+            if n == 2:
+                mixed = tf.reduce_mean(copies, axis=0)
+            else:
+                left, right = tf.gather(copies, (rank - 1) % n), tf.gather(copies, (rank + 1) % n)
+                mixed = (left + mine + right) / 3.0
+            var.assign(mixed)
+        self._rounds.assign_add(1)
+
     def _reduce(self, comm, values, variables, compressor, step, reduce_op):
         if compressor is None:
             return comm.all_reduce(values, op=reduce_op)

@@ -29,10 +29,10 @@ from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 class _LocalSGD:
     """Mixin: the schedule, a scope that records variables, and the per-optimizer components."""
 
-    def _init_local_sgd(self, period, warmup_steps, slowmo):
+    def _init_local_sgd(self, period, warmup_steps, slowmo, topology):
         self.schedule = PeriodicSchedule(period, warmup_steps)  # validates
-        ModelAveraging(self.schedule, slowmo)  # validates slowmo
-        self.slowmo = slowmo
+        ModelAveraging(self.schedule, slowmo, topology)  # validates slowmo and topology
+        self.slowmo, self.topology = slowmo, topology
         self._created: list = []
         install_strategy_hooks()
 
@@ -51,7 +51,7 @@ class _LocalSGD:
         return GradientExchange()  # dense all-reduce during the warm-up
 
     def make_model_averaging(self, optimizer) -> ModelAveraging:
-        averaging = ModelAveraging(self.schedule, self.slowmo)
+        averaging = ModelAveraging(self.schedule, self.slowmo, self.topology)
         owned = {id(getattr(v, "value", v)) for v in optimizer.variables}  # Keras -> tf variable
         unique = {id(v): v for v in self._created}  # nested scopes record a variable twice
         averaging.also_averaged = [
@@ -68,12 +68,13 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
         period: Local steps between model-averaging rounds (>= 1).
         warmup_steps: Synchronous steps first (post-local SGD). Defaults to 0.
         slowmo: Optional `tfdist.averaging.SlowMo(momentum, learning_rate)`.
+        topology: "all" (exact averaging) or "ring" (gossip with the two ring neighbours).
         devices, cross_device_ops: MirroredStrategy's arguments.
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
-                 devices=None, cross_device_ops=None):
-        self._init_local_sgd(period, warmup_steps, slowmo)
+                 topology: str = "all", devices=None, cross_device_ops=None):
+        self._init_local_sgd(period, warmup_steps, slowmo, topology)
         advance_collective_keys()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -86,9 +87,9 @@ class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
-                 cluster_resolver=None, communication_options=None,
+                 topology: str = "all", cluster_resolver=None, communication_options=None,
                  timeout_seconds: float | None = None):
-        self._init_local_sgd(period, warmup_steps, slowmo)
+        self._init_local_sgd(period, warmup_steps, slowmo, topology)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
                          timeout_seconds=timeout_seconds)

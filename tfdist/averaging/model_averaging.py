@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.averaging.schedule import PeriodicSchedule, SlowMo
-from tfdist.comm.control import replica_cond
+from tfdist.comm.control import Holes, replica_cond
 
 TOPOLOGIES = ("all", "ring")
 
@@ -83,13 +83,8 @@ class ModelAveraging:
         `apply_local(grads)` applies this replica's own gradients, pre-multiplied by
         `local_scale` (the number of replicas when the loss was divided by it)."""
         step = tf.convert_to_tensor(self._steps)
-        present = [i for i, g in enumerate(grads) if g is not None]
-
-        def full(values):
-            out: list = [None] * len(grads)
-            for i, g in zip(present, values):
-                out[i] = g
-            return out
+        holes = Holes(grads)
+        full = holes.refill
 
         def local(*values):
             first_local = tf.equal(step, self.schedule.warmup_steps)
@@ -112,7 +107,7 @@ class ModelAveraging:
 
         replica_cond(self.schedule.is_synchronous(step),
                      lambda *values: synchronous(full(values)), local,
-                     args=[grads[i] for i in present])
+                     args=holes.values)
         self._steps.assign_add(1)
 
     def get_config(self) -> dict:

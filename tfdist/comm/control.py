@@ -8,6 +8,23 @@ from typing import Any
 import tensorflow as tf
 
 
+class Holes:
+    """A list with None entries (gradients of unused variables), split for collectives and
+    control flow, which take tensors only: `values` are the present entries, `refill(values)`
+    puts (transformed) values back in their places."""
+
+    def __init__(self, items: Sequence):
+        self.size = len(items)
+        self.present = [i for i, x in enumerate(items) if x is not None]
+        self.values = [items[i] for i in self.present]
+
+    def refill(self, values: Sequence) -> list:
+        out: list = [None] * self.size
+        for i, v in zip(self.present, values):
+            out[i] = v
+        return out
+
+
 def uses_merge_call() -> bool:
     """Whether the current strategy needs `merge_call` for cross-replica work (MirroredStrategy).
 

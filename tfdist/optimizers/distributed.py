@@ -22,7 +22,7 @@ from tfdist.comm import (
     ReplicaCommunicator,
     verify_same_model,
 )
-from tfdist.comm.control import replica_cond
+from tfdist.comm.control import Holes, replica_cond
 from tfdist.comm.eager import eager_collectives
 from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce
 from tfdist.optimizers.exchange import GradientExchange
@@ -379,16 +379,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.dynamic:
             self.inner_optimizer.apply(reduced, variables)
             return
-        present = [i for i, g in enumerate(reduced) if g is not None]
-
-        def full(values):
-            grads: list = [None] * len(reduced)
-            for i, g in zip(present, values):
-                grads[i] = g
-            return grads
-
+        holes = Holes(reduced)
+        full, values = holes.refill, holes.values
         scale = self.dynamic_scale
-        values = [reduced[i] for i in present]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in values])
 
         def apply_finite(*reduced):

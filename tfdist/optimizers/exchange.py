@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfdist import compression
 from tfdist.comm import ByteCounter, Communicator
-from tfdist.comm.control import replica_cond
+from tfdist.comm.control import Holes, replica_cond
 
 
 class GradientExchange:
@@ -143,21 +143,18 @@ class GradientExchange:
         """Reduces this replica's `grads` (None for unused variables) and calls
         `apply_fn(reduced_grads)` in replica context, inside the phase that reduced them.
         `track=False` when the caller already tracked the micro-batches' norms."""
-        present = [i for i, g in enumerate(grads) if g is not None]
+        holes = Holes(grads)
         step = tf.convert_to_tensor(self._rounds)  # exchanges so far
         self.world_size = comm.world_size
-        self.dense_bytes = sum(4 * int(np.prod(variables[i].shape)) for i in present)
+        self.dense_bytes = sum(4 * int(np.prod(variables[i].shape)) for i in holes.present)
         if track:
             self.track(grads, variables)
 
         def phase(p):
             def run(*values):
-                reduced = self._reduce(comm, list(values), [variables[i] for i in present],
+                reduced = self._reduce(comm, list(values), [variables[i] for i in holes.present],
                                        self.phases[p][1], step, reduce_op)
-                full: list = [None] * len(grads)
-                for i, g in zip(present, reduced):
-                    full[i] = g
-                apply_fn(full)
+                apply_fn(holes.refill(reduced))
             return run
 
         def chain(p, *values):  # phase p runs while step < the next phase's first step
@@ -167,7 +164,7 @@ class GradientExchange:
                 replica_cond(step < self.phases[p + 1][0], phase(p),
                              lambda *v: chain(p + 1, *v), args=values)
 
-        chain(0, *[grads[i] for i in present])
+        chain(0, *holes.values)
         self._rounds.assign_add(1)
 
     def average(self, comm: Communicator, variables: list, slowmo=None,

@@ -92,3 +92,39 @@ def test_model_fingerprint_sees_shape_and_dtype_changes():
     fa, fb, fc = (model_fingerprint(v) for v in (a, b, c))
     assert fa[0] == 2 and fa[1] == 16
     assert not np.array_equal(fa, fb) and not np.array_equal(fa, fc)
+
+
+class _NoGroupsCommunicator(ReplicaCommunicator):
+    """Forces the engine-independent fallback: one global all-reduce of the stacked groups."""
+
+    def _supports_groups(self, group_size):
+        return False
+
+
+@pytest.mark.parametrize("cls", [ReplicaCommunicator, _NoGroupsCommunicator])
+def test_group_all_reduce_reduces_within_consecutive_groups(mirrored, cls):
+    strategy = mirrored(4)
+    with strategy.scope():
+        total = tf.Variable(0.0, dtype=tf.float64, aggregation=tf.VariableAggregation.NONE)
+    comm = cls(strategy, ByteCounter(total))
+
+    @tf.function
+    def step():
+        def fn():
+            x = tf.fill([3], tf.cast(comm.rank, tf.float32) ** 2)  # 0, 1, 4, 9
+            (mean,) = comm.group_all_reduce([x], 2, op="mean")
+            (total_,) = comm.group_all_reduce([x], 2, op="sum")
+            (alone,) = comm.group_all_reduce([x], 1)
+            return mean, total_, alone
+        return strategy.run(fn)
+
+    mean, sums, alone = (strategy.experimental_local_results(v) for v in step())
+    for r, expected in enumerate([0.5, 0.5, 6.5, 6.5]):
+        np.testing.assert_allclose(mean[r], [expected] * 3)
+        np.testing.assert_allclose(sums[r], [2 * expected] * 3)
+        np.testing.assert_allclose(alone[r], [r ** 2] * 3)
+    per_call = (ring_bytes("all_reduce", 12, 2) if cls is ReplicaCommunicator
+                else ring_bytes("all_reduce", 2 * 12, 4))  # 2 groups' slots, all 4 replicas
+    assert strategy.experimental_local_results(total)[0].numpy() == pytest.approx(2 * per_call)
+    with pytest.raises(ValueError, match="group_size=3"):
+        strategy.run(tf.function(lambda: comm.group_all_reduce([tf.zeros(2)], 3)))

@@ -261,3 +261,146 @@ def test_ring_gossip_without_gradients_converges_to_the_mean(mirrored):
     with pytest.raises(ValueError, match="topology"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(1),
                                     averaging_topology="star")
+
+
+def _differ(a, b) -> bool:
+    return any(not np.allclose(u, v) for u, v in zip(a, b))
+
+
+def test_hierarchical_averaging_within_hosts_then_across(mirrored):
+    """4 replicas as 2 hosts of 2: host rounds every 2 local steps make each host's replicas
+    equal (the hosts still differ); the global round every 4 makes all equal. Bytes per level."""
+    from tfdist.averaging import HierarchicalSchedule
+
+    schedule = HierarchicalSchedule(intra_period=2, inter_period=4, warmup_steps=1, host_size=2)
+    model, opt, fit = _model_and_fit(mirrored(4), schedule)
+    fit(2)  # warm-up step, then local step 1
+    r = _replica_weights(model)
+    assert _differ(r[0], r[1]) and _differ(r[2], r[3])
+    fit(1)  # local step 2: intra-host round
+    r = _replica_weights(model)
+    common.assert_weights_close(r[0], r[1], rtol=0, atol=1e-7)
+    common.assert_weights_close(r[2], r[3], rtol=0, atol=1e-7)
+    assert _differ(r[0], r[2])
+    fit(2)  # local step 4: global round
+    r = _replica_weights(model)
+    for other in r[1:]:
+        common.assert_weights_close(other, r[0], rtol=0, atol=1e-7)
+    assert opt.averaging.rounds == (1, 1) and schedule.rounds(5) == (2, 1)
+    params = 4 * model.count_params()
+    assert opt.bytes_sent == pytest.approx(2 * ring_bytes("all_reduce", params, 4)
+                                           + ring_bytes("all_reduce", params, 2))
+    with pytest.raises(ValueError, match="multiple of intra_period"):
+        opt.set_averaging_period(3)
+    opt.set_averaging_period(8)
+    assert opt.averaging_period == 8
+    with pytest.raises(ValueError, match="host_size=0"):
+        HierarchicalSchedule(2, 4, host_size=0)
+
+
+def test_hierarchical_host_size_must_divide_the_replicas(mirrored):
+    from tfdist.averaging import HierarchicalSchedule
+
+    _, _, fit = _model_and_fit(mirrored(4), HierarchicalSchedule(1, 2, host_size=3))
+    with pytest.raises(ValueError, match="host_size=3"):
+        fit(1)
+
+
+def test_sma_matches_the_crossbow_recurrence(mirrored):
+    """SMA with no gradient (lr 0), replicas started from different models: every replica
+    follows c_j = a (w_j - z), w_j -= c_j, z += sum_j c_j + mu (z - z_prev), z_0 = mean."""
+    from tfdist.averaging import SMA
+
+    n, alpha, mu, rounds = 4, 0.2, 0.5, 6
+    strategy = mirrored(n)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(8,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.0),
+                                          local_sgd=PeriodicSchedule(period=1),
+                                          sma=SMA(alpha=alpha, momentum=mu))
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(1)
+    starts = []
+    for v in model.trainable_variables:
+        copies = rng.standard_normal((n, *v.shape)).astype(np.float32)
+        for copy, value in zip(v.value.values, copies):
+            copy.assign(value)
+        starts.append(copies.astype(np.float64))
+    model.fit(common.distribute(strategy, x, y, BATCH), epochs=1, steps_per_epoch=rounds,
+              verbose=0)
+    for v, w in zip(model.trainable_variables, starts):
+        z, velocity = w.mean(axis=0), 0.0
+        for _ in range(rounds):
+            mean = w.mean(axis=0)
+            z_new = z + alpha * n * (mean - z) + mu * velocity
+            w = w - alpha * (w - z)
+            velocity, z = z_new - z, z_new
+        for copy, expected in zip(v.value.values, w):
+            np.testing.assert_allclose(copy.numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert opt.bytes_sent == pytest.approx(rounds * ring_bytes("all_reduce",
+                                                               4 * model.count_params(), n))
+    with pytest.raises(ValueError, match="alpha=0"):
+        SMA(alpha=0)
+    with pytest.raises(ValueError, match="not both"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
+                                    sma=SMA(), slowmo=tfdist.averaging.SlowMo())
+
+
+def _momentum_copies(optimizer):
+    from tfdist.optimizers.distributed import _replica_copies
+
+    slots = [v for v in optimizer.variables if "momentum" in v.path and "slowmo" not in v.path]
+    assert slots
+    return [[c.numpy() for c in _replica_copies(v)] for v in slots]
+
+
+@pytest.mark.parametrize("average_state", [False, True])
+def test_optimizer_state_is_local_or_averaged_by_option(mirrored, average_state):
+    schedule = PeriodicSchedule(period=2)
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=(16,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                          local_sgd=schedule, average_optimizer_state=average_state)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+              steps_per_epoch=2, verbose=0)  # ends with an averaging round
+    slots = _momentum_copies(opt.inner_optimizer)
+    assert all(np.allclose(a, b) for a, b in slots) == average_state
+    params = 4 * model.count_params()
+    assert opt.bytes_sent == pytest.approx(ring_bytes("all_reduce", params, 2)
+                                           * (2 if average_state else 1))
+
+
+def test_local_sgd_strategy_hierarchical_with_optimizer_state_equals_the_wrapper(mirrored):
+    from tfdist.averaging import HierarchicalSchedule
+
+    schedule = HierarchicalSchedule(2, 4, warmup_steps=1, host_size=2)
+    x, y = common.load_digits()
+    results = []
+    for strategy in (mirrored(4), tfdist.LocalSGDStrategy(
+            period=4, warmup_steps=1, intra_period=2, host_size=2, average_optimizer_state=True,
+            devices=common.cpu_devices(4))):
+        with strategy.scope():
+            model = common.make_model(hidden=(16,))
+            opt = keras.optimizers.SGD(0.05, momentum=0.9)
+            if not isinstance(strategy, tfdist.LocalSGDStrategy):
+                opt = tfdist.DistributedOptimizer(opt, local_sgd=schedule,
+                                                  average_optimizer_state=True)
+            model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+                  steps_per_epoch=7, verbose=0)  # ends with a host round (local step 6)
+        results.append(model)
+    wrapper, strategy_model = results
+    common.assert_weights_close(common.weights(strategy_model), common.weights(wrapper),
+                                rtol=0, atol=1e-6)
+    exchange = strategy_model.optimizer._tfdist_exchange
+    assert exchange.bytes_sent == pytest.approx(wrapper.optimizer.bytes_sent)
+    slots = _momentum_copies(strategy_model.optimizer)
+    for copies in slots:  # host round: each host's replicas agree on the optimizer state too
+        np.testing.assert_allclose(copies[0], copies[1], atol=1e-7)
+        assert not np.allclose(copies[0], copies[2])
+    with pytest.raises(ValueError, match="set `intra_period` too"):
+        tfdist.LocalSGDStrategy(period=4, host_size=2)

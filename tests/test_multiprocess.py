@@ -240,3 +240,24 @@ def test_local_sgd_on_two_horovod_ranks_ends_identical(worker_cmd, tmp_path):
          "--local-sgd", "3"], 2, TIMEOUT, env=worker_env())
     assert result.returncode == 0, result.output[-5000:]
     _assert_local_sgd_ranks(tmp_path)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_hierarchical_local_sgd_on_four_horovod_ranks_as_two_hosts(worker_cmd, tmp_path):
+    """Horovod process sets as hosts: ranks {0, 1} and {2, 3} average within their host every 2
+    local steps and all together every 4; the run ends on a host round (local step 6)."""
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--steps", "7",
+         "--levels", "2,4,2"], 4, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    w = [common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in range(4)]
+    common.assert_weights_close(w[0], w[1], rtol=0, atol=1e-7)
+    common.assert_weights_close(w[2], w[3], rtol=0, atol=1e-7)
+    assert any(not np.allclose(a, b) for a, b in zip(w[0], w[2]))
+    params = 4 * common.make_model().count_params()
+    for r in range(4):
+        stats = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert stats["rounds"] == 1 + 1 + 2  # warm-up, global round, 2 host rounds
+        assert stats["bytes_sent"] == pytest.approx(2 * ring_bytes("all_reduce", params, 4)
+                                                    + 2 * ring_bytes("all_reduce", params, 2))

@@ -104,6 +104,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                   lambda v: 0 <= v < 1, None, nullable=True),
         "slowmo_learning_rate": _float("a number > 0", lambda v: v > 0, 1.0),
         "topology": _choice(("all", "ring"), "all"),
+        "intra_period": _int("an integer >= 1 dividing averaging.period, or null (hierarchical "
+                             "averaging off)", lambda v: v >= 1, None, nullable=True),
+        "host_size": _int("an integer >= 1 dividing the number of replicas, or null (each "
+                          "worker's devices)", lambda v: v >= 1, None, nullable=True),
+        "sma_alpha": _float("a number in (0, 1], or null (no SMA)", lambda v: 0 < v <= 1, None,
+                            nullable=True),
+        "sma_momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
+        "average_optimizer_state": Field(False, (bool,), "true or false"),
     },
     "train": {
         "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),
@@ -189,8 +197,24 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("averaging.period: local SGD does not combine with compression or "
                       "gradient accumulation; set compression.name to none and "
                       "optimizer.accumulation_steps to 1, or averaging.period to null")
-    if c["averaging"]["slowmo_momentum"] is not None and c["averaging"]["period"] is None:
-        errors.append("averaging.slowmo_momentum: SlowMo needs averaging.period")
+    avg = c["averaging"]
+    for key in ("slowmo_momentum", "sma_alpha", "intra_period", "host_size"):
+        if avg[key] is not None and avg["period"] is None:
+            errors.append(f"averaging.{key}: needs averaging.period (local SGD)")
+    if avg["slowmo_momentum"] is not None and avg["sma_alpha"] is not None:
+        errors.append("averaging.sma_alpha: use either SlowMo (slowmo_momentum) or SMA "
+                      "(sma_alpha), not both")
+    if avg["intra_period"] is not None and avg["period"] is not None \
+            and avg["period"] % avg["intra_period"]:
+        errors.append(f"averaging.intra_period: got {avg['intra_period']}; averaging.period "
+                      f"({avg['period']}) must be a multiple of it")
+    if avg["host_size"] is not None and avg["intra_period"] is None:
+        errors.append("averaging.host_size: set averaging.intra_period for hierarchical averaging")
+    if avg["topology"] == "ring" and (avg["slowmo_momentum"] is not None
+                                      or avg["sma_alpha"] is not None
+                                      or avg["intra_period"] is not None):
+        errors.append("averaging.topology: 'ring' gossip does not combine with SlowMo, SMA or "
+                      "hierarchical averaging; use 'all'")
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import compression
-from tfdist.averaging import PeriodicSchedule, SlowMo
+from tfdist.averaging import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup, StepTimer
 from tfdist.comm import ring_bytes
 from tfdist.config import make_compressor
@@ -72,7 +72,8 @@ def make_engine(config: dict[str, Any]) -> Engine:
     if name == "horovod":
         import tfdist.horovod as thvd
 
-        thvd.init()
+        hierarchical = config["averaging"]["intra_period"] is not None
+        thvd.init(process_sets="dynamic" if hierarchical else None)
         return Engine(name, None, thvd.size(), thvd.rank())
     if name == "multi_worker":
         if "TF_CONFIG" not in os.environ:
@@ -147,10 +148,16 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                       compressor=make_compressor(comp), min_compress_size=comp["min_size"],
                       compress_1d=comp["compress_1d"], compression_start_step=comp["start_step"])
         if avg["period"] is not None:
-            kwargs["local_sgd"] = PeriodicSchedule(avg["period"], avg["warmup_steps"])
+            kwargs["local_sgd"] = (
+                PeriodicSchedule(avg["period"], avg["warmup_steps"]) if avg["intra_period"] is None
+                else HierarchicalSchedule(avg["intra_period"], avg["period"], avg["warmup_steps"],
+                                          avg["host_size"]))
             kwargs["averaging_topology"] = avg["topology"]
+            kwargs["average_optimizer_state"] = avg["average_optimizer_state"]
             if avg["slowmo_momentum"] is not None:
                 kwargs["slowmo"] = SlowMo(avg["slowmo_momentum"], avg["slowmo_learning_rate"])
+            if avg["sma_alpha"] is not None:
+                kwargs["sma"] = SMA(avg["sma_alpha"], avg["sma_momentum"])
         if engine.name == "horovod":
             import tfdist.horovod as thvd
 

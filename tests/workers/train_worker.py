@@ -35,6 +35,8 @@ def main() -> None:
     p.add_argument("--local-sgd", type=int, default=0, help="local SGD period (0: off)")
     p.add_argument("--strategy-local-sgd", type=int, default=0,
                    help="period for tfdist.MultiWorkerLocalSGDStrategy (0: off)")
+    p.add_argument("--levels", default=None,
+                   help="INTRA,INTER,HOST_SIZE: hierarchical local SGD (warm-up 1)")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -52,7 +54,7 @@ def main() -> None:
     if args.engine == "horovod":
         import tfdist.horovod as thvd
 
-        thvd.init()
+        thvd.init(process_sets="dynamic" if args.levels else None)
         rank = thvd.rank()
         engine, strategy = "horovod", None
     else:
@@ -81,6 +83,9 @@ def main() -> None:
         extra["wrap"] = False
     if args.local_sgd:
         extra["local_sgd"] = tfdist.averaging.PeriodicSchedule(args.local_sgd, warmup_steps=1)
+    if args.levels:
+        intra, inter, host = (int(v) for v in args.levels.split(","))
+        extra["local_sgd"] = tfdist.averaging.HierarchicalSchedule(intra, inter, 1, host)
     accordion = None
     if args.accordion:
         accordion = tfdist.callbacks.Accordion(eta=0.2, interval=2)

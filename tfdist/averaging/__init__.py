@@ -6,7 +6,7 @@
     opt.average_also(model.non_trainable_variables)   # BatchNorm statistics
 """
 
-from tfdist.averaging.model_averaging import ModelAveraging
-from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule, SlowMo
+from tfdist.averaging.model_averaging import ModelAveraging, optimizer_slots
+from tfdist.averaging.schedule import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo
 
-__all__ = ["HierarchicalSchedule", "ModelAveraging", "PeriodicSchedule", "SlowMo"]
+__all__ = ["HierarchicalSchedule", "ModelAveraging", "PeriodicSchedule", "SMA", "SlowMo", "optimizer_slots"]

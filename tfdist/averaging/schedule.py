@@ -55,24 +55,47 @@ class PeriodicSchedule:
 class HierarchicalSchedule:
     """Average within a host every `intra_period` steps and across hosts every `inter_period`.
 
+    A host is a group of `host_size` consecutive replicas (ranks): by default each worker's
+    devices (tf.distribute) or each host's local ranks (Horovod). Intra-host rounds are
+    reductions within the group only; global rounds are all-reduces over every replica.
+
     Args:
         intra_period: Local steps between intra-host rounds (>= 1).
         inter_period: Local steps between global rounds; a multiple of `intra_period`.
         warmup_steps: Synchronous steps first.
+        host_size: Replicas per host, a divisor of the number of replicas; None for the
+            engine's own notion of a host (see above).
     """
 
     intra_period: int
     inter_period: int
     warmup_steps: int = 0
+    host_size: int | None = None
 
     def __post_init__(self):
         _check_int("intra_period", self.intra_period, 1)
         _check_int("inter_period", self.inter_period, 1)
         _check_int("warmup_steps", self.warmup_steps, 0)
+        if self.host_size is not None:
+            _check_int("host_size", self.host_size, 1)
         if self.inter_period % self.intra_period:
             raise ValueError(
                 f"`inter_period` must be a multiple of `intra_period` ({self.intra_period}). "
                 f"Received: inter_period={self.inter_period}")
+
+    @property
+    def period(self) -> int:
+        """Local steps between global rounds (what `set_averaging_period` changes)."""
+        return self.inter_period
+
+    def is_synchronous(self, step):
+        return step < self.warmup_steps
+
+    def rounds(self, steps: int) -> tuple[int, int]:
+        """(global rounds incl. synchronous steps, intra-host-only rounds) in `steps` steps."""
+        local = max(0, steps - self.warmup_steps)
+        inter = local // self.inter_period
+        return min(steps, self.warmup_steps) + inter, local // self.intra_period - inter
 
     def levels(self) -> tuple[PeriodicSchedule, PeriodicSchedule]:
         """(intra-host schedule, global schedule)."""
@@ -103,3 +126,39 @@ class SlowMo:
         if not self.learning_rate > 0:
             raise ValueError(
                 f"`learning_rate` must be > 0. Received: learning_rate={self.learning_rate!r}")
+
+    def update(self, own, mean, anchor, buffer, world_size, first):
+        """(this replica's new value, new anchor, new buffer) from the round's mean."""
+        v = self.momentum * buffer + (anchor - mean)
+        x0 = anchor - self.learning_rate * v
+        return x0, x0, v
+
+
+@dataclass(frozen=True)
+class SMA:
+    """Synchronous model averaging (Crossbow; Koliousis et al., VLDB 2019).
+
+    Replicas are pulled toward a central model z instead of replaced by the average. At each
+    averaging round, with w_j replica j's model after its local step and N replicas:
+    c_j = alpha (w_j - z);  w_j <- w_j - c_j;  z <- z + sum_j c_j + momentum (z - z_previous).
+    sum_j c_j = alpha N (mean_j w_j - z), so a round costs one all-reduce, like plain averaging.
+    z starts as the replicas' mean at the first round; every replica keeps the same z.
+
+    Args:
+        alpha: Pull strength in (0, 1]; Crossbow uses 1 / N. Defaults to 0.1.
+        momentum: Momentum of the central model in [0, 1). Defaults to 0.9.
+    """
+
+    alpha: float = 0.1
+    momentum: float = 0.9
+
+    def __post_init__(self):
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"`alpha` must be in (0, 1]. Received: alpha={self.alpha!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+
+    def update(self, own, mean, anchor, buffer, world_size, first):
+        z = tf.where(first, mean, anchor)
+        z_new = z + self.alpha * world_size * (mean - z) + self.momentum * buffer
+        return own - self.alpha * (own - z), z_new, z_new - z

@@ -13,6 +13,7 @@ bandwidth-optimal ring algorithms, for a world of N workers and a payload of S b
 | reduce_scatter(S, input size)       | (N - 1) / N * S           |
 | all_gather(S, each worker's part)   | (N - 1) * S               |
 | broadcast(S)                        | (N - 1) / N * S (average) |
+| group_all_reduce(S, group of G)     | 2 (G - 1) / G * S         |
 
 The counts are computed from static shapes when the step is traced and added to a variable each
 time the collective actually runs, so a collective inside a branch that is not taken adds nothing.
@@ -113,6 +114,20 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def _broadcast(self, tensors: list[tf.Tensor], root: int) -> list[tf.Tensor]: ...
 
+    @property
+    def local_size(self) -> int:
+        """Participants on this worker's host: a tf.distribute worker's devices, Horovod's local
+        ranks. The default host size of hierarchical averaging."""
+        return 1
+
+    def _supports_groups(self, group_size: int) -> bool:
+        """Whether the engine can reduce within groups of `group_size` ranks only."""
+        return False
+
+    def _group_all_reduce(self, tensors: list[tf.Tensor], group_size: int,
+                          op: str) -> list[tf.Tensor]:
+        raise NotImplementedError  # pragma: no cover - only called where supported
+
     # Which collective an engine really runs for reduce_scatter / broadcast (for accounting).
     reduce_scatter_kind = "reduce_scatter"
     broadcast_kind = "broadcast"
@@ -165,6 +180,41 @@ class Communicator(abc.ABC):
         if self.world_size == 1:
             return [tf.identity(t) for t in tensors]
         return self._broadcast(tensors, root)
+
+    def group_all_reduce(self, tensors: Sequence[tf.Tensor], group_size: int,
+                         op: str = "mean") -> list[tf.Tensor]:
+        """Reduces each tensor within groups of `group_size` consecutive ranks (ranks
+        [k G, (k + 1) G) form group k); every rank gets its own group's result.
+
+        Where the engine reduces within a group only, each rank is charged a ring all-reduce over
+        G participants. Otherwise the groups' slots are stacked into one global all-reduce of
+        (N / G) x the payload, charged as exactly that.
+
+        Raises:
+            ValueError: if `group_size` is not a divisor of the world size.
+        """
+        _check_op(op)
+        n = self.world_size
+        if (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))
+                or group_size < 1 or n % group_size):
+            raise ValueError(f"`group_size` must be a divisor of the world size {n}. "
+                             f"Received: group_size={group_size!r}")
+        tensors = list(tensors)
+        if not tensors or group_size == 1:
+            return [tf.identity(t) for t in tensors]
+        if group_size == n:
+            return self.all_reduce(tensors, op)
+        if self._supports_groups(group_size):
+            if self.counter is not None:
+                self.counter.add(ring_bytes("all_reduce", static_nbytes(tensors), group_size))
+            return self._group_all_reduce(tensors, group_size, op)
+        groups = n // group_size
+        group = tf.cast(self.rank, tf.int32) // group_size
+        slots = [tf.reshape(tf.one_hot(group, groups, dtype=t.dtype), [groups] + [1] * t.shape.rank)
+                 * t[None] for t in tensors]
+        reduced = self.all_reduce(slots, "sum")
+        scale = 1.0 / group_size if op == "mean" else 1.0
+        return [tf.gather(r, group) * tf.cast(scale, r.dtype) for r in reduced]
 
     def _count(self, kind: str, payload: int) -> None:
         if self.counter is not None:

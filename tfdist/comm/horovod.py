@@ -5,7 +5,12 @@ Horovod is imported when the communicator is created, never at `import tfdist`.
 
 from __future__ import annotations
 
+import os
+
 from tfdist.comm.base import ByteCounter, Communicator
+
+# This process's Horovod process set for each group size (created once, on every rank).
+_GROUP_SETS: dict[int, object] = {}
 
 
 def import_horovod():
@@ -39,6 +44,33 @@ class HorovodCommunicator(Communicator):
     @property
     def rank(self):
         return int(self._hvd.rank())
+
+    @property
+    def local_size(self) -> int:
+        return int(self._hvd.local_size())
+
+    def _supports_groups(self, group_size):
+        return True
+
+    def _process_set(self, group_size: int):
+        """This rank's process set for groups of `group_size` (Horovod dynamic process sets;
+        every rank adds every group, in the same order, the first time the size is used)."""
+        if group_size not in _GROUP_SETS:
+            if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
+                raise RuntimeError(
+                    "Reducing within groups of Horovod ranks (hierarchical averaging) needs "
+                    "dynamic process sets: call tfdist.horovod.init(process_sets='dynamic').")
+            mine = None
+            for first in range(0, self.world_size, group_size):
+                process_set = self._hvd.add_process_set(list(range(first, first + group_size)))
+                if first <= self.rank < first + group_size:
+                    mine = process_set
+            _GROUP_SETS[group_size] = mine
+        return _GROUP_SETS[group_size]
+
+    def _group_all_reduce(self, tensors, group_size, op):
+        return list(self._hvd.grouped_allreduce(tensors, op=self._op(op),
+                                                process_set=self._process_set(group_size)))
 
     def _op(self, op: str):
         return self._hvd.Sum if op == "sum" else self._hvd.Average

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.comm.base import ByteCounter, Communicator
+from tfdist.comm.control import uses_merge_call
 
 _OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 
@@ -18,6 +19,9 @@ class ReplicaCommunicator(Communicator):
     tf.distribute has no public reduce-scatter or broadcast in replica context, so both run as an
     all-reduce (reduce-scatter keeps this replica's chunk; broadcast zeroes non-root inputs), and
     the byte counter charges them as the all-reduce they really are.
+
+    Group reductions (`group_all_reduce`) within one worker's devices run in `merge_call` on the
+    group's first device, moving data between that worker's devices only (MirroredStrategy).
 
     Args:
         strategy: The strategy whose replicas take part. Defaults to the current strategy.
@@ -39,6 +43,33 @@ class ReplicaCommunicator(Communicator):
     @property
     def rank(self):
         return tf.cast(_replica_context().replica_id_in_sync_group, tf.int32)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.strategy.extended.worker_devices)
+
+    def _supports_groups(self, group_size):
+        return uses_merge_call() and self.local_size % group_size == 0
+
+    def _group_all_reduce(self, tensors, group_size, op):
+        ctx = _replica_context()
+        devices = self.strategy.extended.worker_devices
+
+        def merge_fn(distribution, *values):
+            out = []
+            for value in values:
+                parts = distribution.experimental_local_results(value)
+                sums = []
+                for first in range(0, len(parts), group_size):
+                    with tf.device(devices[first]):
+                        total = tf.add_n([tf.identity(p) for p in parts[first:first + group_size]])
+                        sums.append(total / group_size if op == "mean" else total)
+                out.append(sums)
+            return out
+
+        per_group = ctx.merge_call(merge_fn, args=tensors)
+        local_id = int(tf.get_static_value(ctx.replica_id_in_sync_group)) % len(devices)
+        return [tf.identity(sums[local_id // group_size]) for sums in per_group]
 
     def _all_reduce(self, tensors, op):
         ctx = _replica_context()

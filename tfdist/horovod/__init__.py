@@ -14,11 +14,16 @@ from tfdist.horovod import callbacks
 from tfdist.horovod.optimizer import DistributedOptimizer
 
 
-def init() -> None:
-    """Initialises Horovod (idempotent)."""
+def init(process_sets=None) -> None:
+    """Initialises Horovod (idempotent).
+
+    Args:
+        process_sets: Passed to `hvd.init`; "dynamic" lets tfdist create the groups that
+            hierarchical averaging reduces within.
+    """
     hvd = import_horovod()
     if not hvd.is_initialized():
-        hvd.init()
+        hvd.init(process_sets=process_sets)
 
 
 def size() -> int:

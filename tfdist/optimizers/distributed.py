@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.averaging.model_averaging import ModelAveraging
-from tfdist.averaging.schedule import PeriodicSchedule, SlowMo
+from tfdist.averaging.model_averaging import ModelAveraging, optimizer_slots
+from tfdist.averaging.schedule import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo
 from tfdist.comm import (
     Communicator,
     LocalCommunicator,
@@ -83,11 +83,18 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             synchronous warm-up, replicas step locally and average their models every `period`
             steps (post-local SGD). Trainable variables are averaged; call `average_also(...)`
             with the model's non-trainable variables (BatchNorm statistics) to average those
-            too. Optimizer state stays local. Defaults to None (synchronous every step).
+            too. A `HierarchicalSchedule(intra, inter, warmup_steps, host_size)` averages within
+            each host every `intra` steps and over all replicas every `inter` steps (on Horovod,
+            call `tfdist.horovod.init(process_sets="dynamic")`). Defaults to None (synchronous
+            every step).
         slowmo: A `tfdist.averaging.SlowMo(momentum, learning_rate)`: slow momentum on the
             averaged model at each averaging round (needs `local_sgd`). Defaults to None.
         averaging_topology: "all" (exact model average) or "ring" (decentralized gossip with the
             two ring neighbours). Defaults to "all".
+        sma: A `tfdist.averaging.SMA(alpha, momentum)`: Crossbow's synchronous model averaging,
+            replicas pulled toward a central model at each round (needs `local_sgd`).
+        average_optimizer_state: Also average the inner optimizer's slots (momentum, Adam
+            moments) at each round. Defaults to False: optimizer state stays local.
         name: Optional name.
 
     Example:
@@ -116,9 +123,11 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         compression_start_step: int = 0,
         track_norms: bool = False,
         variable_accumulation: bool = False,
-        local_sgd: PeriodicSchedule | None = None,
+        local_sgd: PeriodicSchedule | HierarchicalSchedule | None = None,
         slowmo: SlowMo | None = None,
         averaging_topology: str = "all",
+        sma: SMA | None = None,
+        average_optimizer_state: bool = False,
         name: str | None = None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -163,11 +172,14 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.verify_model = verify_model
         self.exchange = exchange
         self.variable_accumulation = bool(variable_accumulation)
-        if slowmo is not None and local_sgd is None:
-            raise ValueError("`slowmo` needs `local_sgd`. "
-                             f"Received: slowmo={slowmo!r}, local_sgd=None")
+        for arg, value in (("slowmo", slowmo), ("sma", sma),
+                           ("average_optimizer_state", average_optimizer_state or None)):
+            if value is not None and local_sgd is None:
+                raise ValueError(f"`{arg}` needs `local_sgd`. "
+                                 f"Received: {arg}={value!r}, local_sgd=None")
         self.averaging = (None if local_sgd is None
-                          else ModelAveraging(local_sgd, slowmo, averaging_topology))
+                          else ModelAveraging(local_sgd, slowmo, averaging_topology, sma,
+                                              average_optimizer_state))
         if local_sgd is not None and exchange.compressor is not None:
             raise ValueError("Use either `compressor` or `local_sgd`, not both.")
         if local_sgd is not None and (accumulation_steps > 1 or variable_accumulation):
@@ -222,6 +234,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         super().build(var_list)
+        if self.averaging is not None:
+            self.averaging.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
 
     @property
     def compressor(self):
@@ -410,16 +424,13 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             **self.exchange.get_config(),
             "variable_accumulation": self.variable_accumulation,
             **(self.averaging.get_config() if self.averaging is not None
-               else {"local_sgd": None, "slowmo": None, "averaging_topology": "all"}),
+               else {"local_sgd": None, "slowmo": None, "averaging_topology": "all", "sma": None,
+                     "average_optimizer_state": False}),
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if config.get("local_sgd") is not None:
-            config["local_sgd"] = PeriodicSchedule(**config["local_sgd"])
-        if config.get("slowmo") is not None:
-            config["slowmo"] = SlowMo(**config["slowmo"])
+        config = ModelAveraging.from_config(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )

@@ -112,6 +112,13 @@ class GradientExchange:
             return None
         return ring_bytes("all_reduce", self.dense_bytes, self.world_size)
 
+    def own_variables(self) -> list:
+        """The variables this exchange created on its owner (counters, compressor state)."""
+        if not self.built:
+            return []
+        return ([self._bytes_sent, self._rounds] + self.per_replica_variables()
+                + list(self.grad_sq.values()) + ([self.norm_samples] if self.grad_sq else []))
+
     def per_replica_variables(self) -> list:
         """State whose value differs between replicas (error-feedback residuals, DGC buffers)."""
         return [v for vars_ in self.compression_state.values() for v in vars_.values()]
@@ -167,23 +174,27 @@ class GradientExchange:
         chain(0, *holes.values)
         self._rounds.assign_add(1)
 
-    def average(self, comm: Communicator, variables: list, slowmo=None,
-                anchors: list | None = None, buffers: list | None = None) -> None:
+    def average(self, comm: Communicator, variables: list, outer=None,
+                anchors: list | None = None, buffers: list | None = None, first=False,
+                group_size: int | None = None) -> None:
         """Replaces each variable by its mean over workers (one model-averaging round).
 
-        With `slowmo` (a `tfdist.averaging.SlowMo`), the first len(anchors) variables take the
-        slow-momentum step from their `anchors` (the model after the previous round) with
-        momentum `buffers` instead. In replica context each replica updates its own copy."""
+        With `outer` (a `tfdist.averaging.SlowMo` or `SMA`), the first len(anchors) variables
+        take its update (`outer.update`) from the round's mean, with their `anchors` and
+        `buffers`; `first` tells it this is the first round. With `group_size`, the mean is over
+        each group of that many consecutive replicas (a host) only. In replica context each
+        replica updates its own copy."""
         values = [tf.convert_to_tensor(v) for v in variables]
-        means = comm.all_reduce(values, op="mean")
+        means = (comm.all_reduce(values, op="mean") if group_size is None
+                 else comm.group_all_reduce(values, group_size, op="mean"))
         anchors, buffers = anchors or [], buffers or []
-        outer = len(anchors) if slowmo is not None else 0
+        n_outer = len(anchors) if outer is not None else 0
         for i, (var, mean) in enumerate(zip(variables, means)):
-            if i < outer:
-                v = slowmo.momentum * buffers[i] + (anchors[i] - tf.cast(mean, anchors[i].dtype))
-                buffers[i].assign(v)
-                mean = anchors[i] - slowmo.learning_rate * v
-                anchors[i].assign(mean)
+            if i < n_outer:
+                mean, anchor, buffer = outer.update(values[i], tf.cast(mean, values[i].dtype),
+                                                    anchors[i], buffers[i], comm.world_size, first)
+                anchors[i].assign(anchor)
+                buffers[i].assign(buffer)
             var.assign(mean)
         self._rounds.assign_add(1)
 

@@ -10,7 +10,7 @@
 Every Keras optimizer built under the scope carries a `tfdist.averaging.ModelAveraging` (the same
 core as `DistributedOptimizer(local_sgd=...)`). The strategy records the variables created in its
 scope, so the model's non-trainable float variables (BatchNorm statistics) are averaged too,
-without being named. Optimizer state stays local.
+without being named. Optimizer state stays local unless `average_optimizer_state=True`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist.averaging import ModelAveraging, PeriodicSchedule, SlowMo
+from tfdist.averaging import (
+    SMA,
+    HierarchicalSchedule,
+    ModelAveraging,
+    PeriodicSchedule,
+    SlowMo,
+    optimizer_slots,
+)
 from tfdist.optimizers._keras_hooks import install_strategy_hooks
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.strategies._tf_hooks import advance_collective_keys
@@ -29,10 +36,15 @@ from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 class _LocalSGD:
     """Mixin: the schedule, a scope that records variables, and the per-optimizer components."""
 
-    def _init_local_sgd(self, period, warmup_steps, slowmo, topology):
-        self.schedule = PeriodicSchedule(period, warmup_steps)  # validates
-        ModelAveraging(self.schedule, slowmo, topology)  # validates slowmo and topology
-        self.slowmo, self.topology = slowmo, topology
+    def _init_local_sgd(self, period, warmup_steps, slowmo, topology, sma=None,
+                        intra_period=None, host_size=None, average_optimizer_state=False):
+        if host_size is not None and intra_period is None:
+            raise ValueError("`host_size` is for hierarchical averaging: set `intra_period` too. "
+                             f"Received: host_size={host_size!r}, intra_period=None")
+        self.schedule = (PeriodicSchedule(period, warmup_steps) if intra_period is None  # validates
+                         else HierarchicalSchedule(intra_period, period, warmup_steps, host_size))
+        self._averaging_args = (slowmo, topology, sma, average_optimizer_state)
+        ModelAveraging(self.schedule, *self._averaging_args)  # validates the options
         self._created: list = []
         install_strategy_hooks()
 
@@ -51,7 +63,11 @@ class _LocalSGD:
         return GradientExchange()  # dense all-reduce during the warm-up
 
     def make_model_averaging(self, optimizer) -> ModelAveraging:
-        averaging = ModelAveraging(self.schedule, self.slowmo, self.topology)
+        averaging = ModelAveraging(self.schedule, *self._averaging_args)
+        exchange = getattr(optimizer, "_tfdist_exchange", None)
+        averaging.optimizer_state = lambda: optimizer_slots(  # slots exist once built
+            optimizer, exclude=averaging.own_variables() + (
+                exchange.own_variables() if exchange is not None else []))
         owned = {id(getattr(v, "value", v)) for v in optimizer.variables}  # Keras -> tf variable
         unique = {id(v): v for v in self._created}  # nested scopes record a variable twice
         averaging.also_averaged = [
@@ -69,12 +85,21 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
         warmup_steps: Synchronous steps first (post-local SGD). Defaults to 0.
         slowmo: Optional `tfdist.averaging.SlowMo(momentum, learning_rate)`.
         topology: "all" (exact averaging) or "ring" (gossip with the two ring neighbours).
+        sma: Optional `tfdist.averaging.SMA(alpha, momentum)` (Crossbow).
+        intra_period: Hierarchical averaging: also average within each host every
+            `intra_period` steps (`period` must be a multiple). Defaults to None.
+        host_size: Replicas per host for hierarchical averaging; defaults to each worker's
+            devices (emulate hosts on one machine with e.g. host_size=2 of 4 devices).
+        average_optimizer_state: Also average the optimizer's slots. Defaults to False.
         devices, cross_device_ops: MirroredStrategy's arguments.
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
-                 topology: str = "all", devices=None, cross_device_ops=None):
-        self._init_local_sgd(period, warmup_steps, slowmo, topology)
+                 topology: str = "all", devices=None, cross_device_ops=None, *,
+                 sma: SMA | None = None, intra_period: int | None = None,
+                 host_size: int | None = None, average_optimizer_state: bool = False):
+        self._init_local_sgd(period, warmup_steps, slowmo, topology, sma, intra_period,
+                             host_size, average_optimizer_state)
         advance_collective_keys()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -88,8 +113,11 @@ class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
                  topology: str = "all", cluster_resolver=None, communication_options=None,
-                 timeout_seconds: float | None = None):
-        self._init_local_sgd(period, warmup_steps, slowmo, topology)
+                 timeout_seconds: float | None = None, *, sma: SMA | None = None,
+                 intra_period: int | None = None, host_size: int | None = None,
+                 average_optimizer_state: bool = False):
+        self._init_local_sgd(period, warmup_steps, slowmo, topology, sma, intra_period,
+                             host_size, average_optimizer_state)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
                          timeout_seconds=timeout_seconds)

@@ -1,8 +1,10 @@
 """`tfdist bench`: measured tables (step time, bytes, accuracy), each with its command.
 
 Suite "local_sgd": configs/local_sgd.yaml (the default job with SGD-momentum) synchronous and
-with averaging periods 2, 4, 8 and 16 after a one-epoch synchronous warm-up: communication
-rounds, bytes, test accuracy and step time relative to synchronous training.
+with averaging periods 2, 4, 8 and 16 after a one-epoch synchronous warm-up, then H=8 with
+SlowMo, with SMA and with the optimizer state averaged (2 devices), and on 4 devices as 2 hosts
+of 2 with hierarchical averaging: communication rounds, bytes, test accuracy and step time
+relative to synchronous training on as many devices.
 
 Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
 devices) once dense and once per compressor config in configs/, in one process: bytes each
@@ -241,30 +243,43 @@ def _engines_rows(steps: int, repeats: int, out_dir: Path) -> list[dict]:
     return rows
 
 
-LOCAL_SGD_PERIODS = (None, 2, 4, 8, 16)
+_WARMUP = "averaging.warmup_steps=22"
+# (row name, devices, overrides of configs/local_sgd.yaml); each group of rows with the same
+# devices is compared to the first row with those devices (synchronous training).
+LOCAL_SGD_RUNS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("sync", 2, ("averaging.period=null", "averaging.warmup_steps=0")),
+    *((f"H={h}", 2, (f"averaging.period={h}", _WARMUP)) for h in (2, 4, 8, 16)),
+    ("H=8, SlowMo(0.5, 1)", 2, ("averaging.period=8", _WARMUP, "averaging.slowmo_momentum=0.5")),
+    ("H=8, SMA(0.25, 0.5)", 2, ("averaging.period=8", _WARMUP, "averaging.sma_alpha=0.25",
+                                "averaging.sma_momentum=0.5")),
+    ("H=8, optimizer state averaged", 2, ("averaging.period=8", _WARMUP,
+                                          "averaging.average_optimizer_state=true")),
+    ("sync", 4, ("averaging.period=null", "averaging.warmup_steps=0")),
+    ("H=8", 4, ("averaging.period=8", _WARMUP)),
+    ("hierarchical: 2 hosts x 2, H=2 in host, H=8 across", 4,
+     ("averaging.period=8", _WARMUP, "averaging.intra_period=2", "averaging.host_size=2")),
+)
 
 
 def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
     from tfdist.config import load_config
-    from tfdist.runner import train
+    from tfdist.runner import configure_devices, train
 
+    configure_devices(max(devices for _, devices, _ in LOCAL_SGD_RUNS))  # once per process
     rows = []
-    for i, period in enumerate(LOCAL_SGD_PERIODS):
-        name = "sync" if period is None else f"H{period}"
-        overrides = [f"train.output_dir={out_dir / name}", "train.verbose=0"]
-        if period is None:
-            overrides += ["averaging.period=null", "averaging.warmup_steps=0"]
-        else:
-            overrides += [f"averaging.period={period}", "averaging.warmup_steps=22"]
+    for i, (name, devices, settings) in enumerate(LOCAL_SGD_RUNS):
+        overrides = [f"train.output_dir={out_dir / f'run{i}'}", "train.verbose=0",
+                     f"engine.devices={devices}", *settings]
         if quick:
             overrides.append("train.epochs=4")
         config = load_config(_configs_dir() / "local_sgd.yaml", overrides)
         t = time.time()
         s = train(config, progress=False)
-        print(f"bench: [{i + 1}/{len(LOCAL_SGD_PERIODS)}] {name}: accuracy "
+        print(f"bench: [{i + 1}/{len(LOCAL_SGD_RUNS)}] {name} ({devices} devices): accuracy "
               f"{s['test_accuracy']:.4f}, {s['communication_rounds']} rounds "
               f"({time.time() - t:.0f} s)", flush=True)
-        rows.append({"period": period, "warmup_steps": 0 if period is None else 22,
+        rows.append({"run": name, "devices": devices,
+                     "warmup_steps": config["averaging"]["warmup_steps"],
                      "rounds": s["communication_rounds"], "steps": s["steps"],
                      "bytes_total": s["bytes_sent_total"], "test_accuracy": s["test_accuracy"],
                      "step_ms": s["step_ms_median"]})
@@ -272,14 +287,14 @@ def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
 
 
 def _local_sgd_table(rows: list[dict]) -> str:
-    base = rows[0]
-    lines = ["| period H | warm-up steps | rounds / steps | bytes sent (total/worker) | "
-             "test accuracy | step time vs sync |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| devices | run | warm-up steps | rounds / steps | bytes sent (total/worker) | "
+             "test accuracy | step time vs sync |", "|---:|---|---:|---:|---:|---:|---:|"]
+    base: dict[int, dict] = {}
     for r in rows:
-        period = "sync (1, all-reduce)" if r["period"] is None else str(r["period"])
-        lines.append(f"| {period} | {r['warmup_steps']} | {r['rounds']} / {r['steps']} | "
-                     f"{r['bytes_total']:,.0f} | {r['test_accuracy']:.4f} | "
-                     f"{r['step_ms'] / base['step_ms']:.2f} |")
+        sync = base.setdefault(r["devices"], r)
+        lines.append(f"| {r['devices']} | {r['run']} | {r['warmup_steps']} | "
+                     f"{r['rounds']} / {r['steps']} | {r['bytes_total']:,.0f} | "
+                     f"{r['test_accuracy']:.4f} | {r['step_ms'] / sync['step_ms']:.2f} |")
     return "\n".join(lines)
 
 
@@ -299,7 +314,7 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
     meta: dict = {}
     if suite == "local_sgd":
-        print(f"bench: local_sgd: {len(LOCAL_SGD_PERIODS)} runs of configs/local_sgd.yaml",
+        print(f"bench: local_sgd: {len(LOCAL_SGD_RUNS)} runs of configs/local_sgd.yaml",
               flush=True)
         rows = _local_sgd_rows(quick, out_dir)
         table = _local_sgd_table(rows)

@@ -56,7 +56,11 @@ def _print_summary(s: dict) -> None:
           f"{s['final_train_accuracy']:.4f}, last epoch)")
     comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
     if s.get("averaging_period"):
+        avg = s["config"]["averaging"]
         comp = f"none; local SGD, averaging every {s['averaging_period']} steps"
+        if avg.get("intra_period"):
+            comp += (f" (and within each host of {avg['host_size'] or 'its devices'} every "
+                     f"{avg['intra_period']})")
     print(f"compression       {comp}")
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
           f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "

@@ -261,3 +261,24 @@ def test_hierarchical_local_sgd_on_four_horovod_ranks_as_two_hosts(worker_cmd, t
         assert stats["rounds"] == 1 + 1 + 2  # warm-up, global round, 2 host rounds
         assert stats["bytes_sent"] == pytest.approx(2 * ring_bytes("all_reduce", params, 4)
                                                     + 2 * ring_bytes("all_reduce", params, 2))
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, stage):
+    """tfdist.horovod.ZeroOptimizer(Adam): each rank holds half of Adam's state; 20 steps equal
+    plain Adam under MirroredStrategy; bytes = reduce-scatter + all-gather = a dense all-reduce."""
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", "adam",
+         "--steps", "20", "--zero", str(stage)], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
+                                rtol=1e-5, atol=1e-6)
+    shard = -(-common.make_model().count_params() // 2)
+    stats = json.loads((tmp_path / "rank0.json").read_text())
+    assert stats["rounds"] == 20
+    assert stats["bytes_sent"] == pytest.approx(20 * (ring_bytes("reduce_scatter", 8 * shard, 2)
+                                                      + ring_bytes("all_gather", 4 * shard, 2)))

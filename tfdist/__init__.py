@@ -5,7 +5,7 @@ Two engines share one algorithm core: the tf.distribute engine (strategies, and 
 (`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
 """
 
-from tfdist import averaging, callbacks, comm, compression, data
+from tfdist import averaging, callbacks, comm, compression, data, zero
 from tfdist.optimizers import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.strategies import (
@@ -15,6 +15,7 @@ from tfdist.strategies import (
     MultiWorkerLocalSGDStrategy,
     MultiWorkerMirroredStrategy,
 )
+from tfdist.zero import ZeroOptimizer
 
 __version__ = "0.1.0"
 
@@ -26,10 +27,12 @@ __all__ = [
     "MultiWorkerCompressedStrategy",
     "MultiWorkerLocalSGDStrategy",
     "MultiWorkerMirroredStrategy",
+    "ZeroOptimizer",
     "__version__",
     "averaging",
     "callbacks",
     "comm",
     "compression",
     "data",
+    "zero",
 ]

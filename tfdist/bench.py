@@ -6,6 +6,12 @@ SlowMo, with SMA and with the optimizer state averaged (2 devices), and on 4 dev
 of 2 with hierarchical averaging: communication rounds, bytes, test accuracy and step time
 relative to synchronous training on as many devices.
 
+Suite "memory": Adam on the engines suite's MLP under MirroredStrategy over N = 1, 2, 4, 8
+devices, with 2 accumulation steps so gradient buffers are variables: bytes each replica holds
+for optimizer state + parameter shard + gradient buffers, read from the devices the variables'
+copies sit on, for tfdist.DistributedOptimizer (baseline), ZeroOptimizer stage 1 and stage 2,
+next to the ZeRO formulas (fp32, K = 2 slots).
+
 Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
 devices) once dense and once per compressor config in configs/, in one process: bytes each
 worker sends per step, ratio to dense, test accuracy, and median step time relative to dense.
@@ -298,7 +304,65 @@ def _local_sgd_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-SUITES = ("engines", "compression", "local_sgd")
+MEMORY_DEVICES = (1, 2, 4, 8)
+
+
+def _memory_rows() -> list[dict]:
+    """Per-replica bytes of Adam's state and gradient buffers (accumulation_steps=2, so the
+    buffers are variables), read from where each variable's copies were placed."""
+    import keras
+
+    from tfdist import DistributedOptimizer, ZeroOptimizer
+    from tfdist.models import build_model
+    from tfdist.runner import configure_devices
+    from tfdist.strategies._tf_hooks import new_mirrored_strategy
+    from tfdist.zero import memory_report
+
+    devices = configure_devices(max(MEMORY_DEVICES))
+    rows = []
+    for n in MEMORY_DEVICES:
+        row: dict = {"replicas": n}
+        for name, make in (
+                ("baseline", lambda: DistributedOptimizer(keras.optimizers.Adam(),
+                                                          accumulation_steps=2)),
+                ("zero1", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=1,
+                                                accumulation_steps=2)),
+                ("zero2", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=2,
+                                                accumulation_steps=2))):
+            strategy = new_mirrored_strategy(devices[:n])
+            with strategy.scope():
+                keras.utils.set_random_seed(0)
+                model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
+                optimizer = make()
+                optimizer.build(model.trainable_variables)
+            per_device = list(memory_report(optimizer).values())
+            sizes = {d["optimizer_state"] + d["param_shard"] + d["gradient_buffers"]
+                     for d in per_device}
+            assert len(sizes) == 1, f"replicas hold different amounts: {sizes}"
+            row[name] = sizes.pop()
+            row["parameters"] = int(model.count_params())
+        p, shard = row["parameters"], -(-row["parameters"] // n)
+        row["formula_zero1"] = 4 * (2 + 1) * shard + 4 * p  # Adam K=2, fp32 shard, full grads
+        row["formula_zero2"] = 4 * (2 + 2) * shard
+        print(f"bench: [{MEMORY_DEVICES.index(n) + 1}/{len(MEMORY_DEVICES)}] N={n}: "
+              f"baseline {row['baseline']:,} B, ZeRO-1 {row['zero1']:,} B, "
+              f"ZeRO-2 {row['zero2']:,} B per replica", flush=True)
+        rows.append(row)
+    return rows
+
+
+def _memory_table(rows: list[dict]) -> str:
+    lines = ["| N | baseline bytes/replica | ZeRO-1 | ZeRO-2 | formula ZeRO-1: 4(K+1)⌈P/N⌉ + 4P | "
+             "formula ZeRO-2: 4(K+2)⌈P/N⌉ | ZeRO-2 vs baseline |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['replicas']} | {r['baseline']:,} | {r['zero1']:,} | {r['zero2']:,} | "
+                     f"{r['formula_zero1']:,} | {r['formula_zero2']:,} | "
+                     f"{r['zero2'] / r['baseline']:.3f} |")
+    return "\n".join(lines)
+
+
+SUITES = ("engines", "compression", "local_sgd", "memory")
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
@@ -313,7 +377,12 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
     meta: dict = {}
-    if suite == "local_sgd":
+    if suite == "memory":
+        print(f"bench: memory: Adam on the {MODEL} MLP, N = {MEMORY_DEVICES}", flush=True)
+        rows = _memory_rows()
+        table = _memory_table(rows)
+        meta = {"model": MODEL, "optimizer": "Adam (K = 2 slots)", "accumulation_steps": 2}
+    elif suite == "local_sgd":
         print(f"bench: local_sgd: {len(LOCAL_SGD_RUNS)} runs of configs/local_sgd.yaml",
               flush=True)
         rows = _local_sgd_rows(quick, out_dir)

@@ -40,8 +40,14 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
 
         thvd.init()
         model = make_model(hidden)
-        opt = thvd.DistributedOptimizer(make_inner_optimizer(optimizer),
-                                        accumulation_steps=accumulation_steps, **wrapper_kwargs)
+        zero_stage = wrapper_kwargs.pop("zero_stage", 0)
+        if zero_stage:
+            opt = thvd.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
+                                     accumulation_steps=accumulation_steps)
+        else:
+            opt = thvd.DistributedOptimizer(make_inner_optimizer(optimizer),
+                                            accumulation_steps=accumulation_steps,
+                                            **wrapper_kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         per_rank = global_batch // accumulation_steps
         data = shard_batches(global_batches(x, y, per_rank, shuffle=False),

@@ -37,6 +37,7 @@ def main() -> None:
                    help="period for tfdist.MultiWorkerLocalSGDStrategy (0: off)")
     p.add_argument("--levels", default=None,
                    help="INTRA,INTER,HOST_SIZE: hierarchical local SGD (warm-up 1)")
+    p.add_argument("--zero", type=int, default=0, help="ZeroOptimizer stage (horovod; 0: off)")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -86,6 +87,8 @@ def main() -> None:
     if args.levels:
         intra, inter, host = (int(v) for v in args.levels.split(","))
         extra["local_sgd"] = tfdist.averaging.HierarchicalSchedule(intra, inter, 1, host)
+    if args.zero:
+        extra["zero_stage"] = args.zero
     accordion = None
     if args.accordion:
         accordion = tfdist.callbacks.Accordion(eta=0.2, interval=2)

@@ -129,7 +129,10 @@ class Communicator(abc.ABC):
         raise NotImplementedError  # pragma: no cover - only called where supported
 
     # Which collective an engine really runs for reduce_scatter / broadcast (for accounting).
-    reduce_scatter_kind = "reduce_scatter"
+    @property
+    def reduce_scatter_kind(self) -> str:
+        return "reduce_scatter"
+
     broadcast_kind = "broadcast"
 
     # -- public API: validates, counts, delegates -------------------------------------------

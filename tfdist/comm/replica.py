@@ -16,9 +16,11 @@ class ReplicaCommunicator(Communicator):
     Use it inside `strategy.run` (which is where Keras `fit` runs a train step). The world is
     every replica in sync: all devices of all workers.
 
-    tf.distribute has no public reduce-scatter or broadcast in replica context, so both run as an
-    all-reduce (reduce-scatter keeps this replica's chunk; broadcast zeroes non-root inputs), and
-    the byte counter charges them as the all-reduce they really are.
+    tf.distribute has no public reduce-scatter or broadcast in replica context. Where all replicas
+    live in this process (MirroredStrategy), reduce-scatter runs in `merge_call`: chunk k of every
+    replica's tensor is summed on replica k's device, a true reduce-scatter. Elsewhere (multi-
+    worker) it runs as an all-reduce that keeps this replica's chunk; broadcast always runs as an
+    all-reduce of zeroed non-root inputs. The byte counter charges what really runs.
 
     Group reductions (`group_all_reduce`) within one worker's devices run in `merge_call` on the
     group's first device, moving data between that worker's devices only (MirroredStrategy).
@@ -28,7 +30,6 @@ class ReplicaCommunicator(Communicator):
         counter: Optional `ByteCounter`.
     """
 
-    reduce_scatter_kind = "all_reduce"
     broadcast_kind = "all_reduce"
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None,
@@ -43,6 +44,14 @@ class ReplicaCommunicator(Communicator):
     @property
     def rank(self):
         return tf.cast(_replica_context().replica_id_in_sync_group, tf.int32)
+
+    @property
+    def reduce_scatter_kind(self) -> str:
+        return "reduce_scatter" if self._all_local() else "all_reduce"
+
+    def _all_local(self) -> bool:
+        """Every replica is in this process and reachable from `merge_call` (MirroredStrategy)."""
+        return uses_merge_call() and self.local_size == self.world_size
 
     @property
     def local_size(self) -> int:
@@ -86,9 +95,29 @@ class ReplicaCommunicator(Communicator):
         return _replica_context().all_gather(tensor, axis=0)
 
     def _reduce_scatter(self, tensor, op):
-        (reduced,) = self._all_reduce([tensor], op)
-        chunk = tensor.shape[0] // self.world_size
-        return reduced[self.rank * chunk:(self.rank + 1) * chunk]
+        n = self.world_size
+        chunk = tensor.shape[0] // n
+        if not self._all_local():
+            (reduced,) = self._all_reduce([tensor], op)
+            return reduced[self.rank * chunk:(self.rank + 1) * chunk]
+        ctx = _replica_context()
+        devices = self.strategy.extended.worker_devices
+
+        def merge_fn(distribution, value):
+            parts = distribution.experimental_local_results(value)
+            pieces = []  # pieces[r][k]: chunk k of replica r, cut on replica r's device
+            for r, part in enumerate(parts):
+                with tf.device(devices[r]):
+                    pieces.append([part[k * chunk:(k + 1) * chunk] for k in range(n)])
+            out = []
+            for k in range(n):
+                with tf.device(devices[k]):
+                    total = tf.add_n([pieces[r][k] for r in range(n)])
+                    out.append(total / n if op == "mean" else total)
+            return out
+
+        chunks = ctx.merge_call(merge_fn, args=(tensor,))
+        return tf.identity(chunks[int(tf.get_static_value(ctx.replica_id_in_sync_group))])
 
     def _broadcast(self, tensors, root):
         is_root = tf.equal(self.rank, root)

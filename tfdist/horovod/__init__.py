@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tfdist.comm.horovod import import_horovod
 from tfdist.horovod import callbacks
-from tfdist.horovod.optimizer import DistributedOptimizer
+from tfdist.horovod.optimizer import DistributedOptimizer, ZeroOptimizer
 
 
 def init(process_sets=None) -> None:
@@ -47,4 +47,5 @@ def is_available() -> bool:
     return True
 
 
-__all__ = ["DistributedOptimizer", "callbacks", "init", "is_available", "local_rank", "rank", "size"]
+__all__ = ["DistributedOptimizer", "callbacks", "init", "is_available", "local_rank", "rank", "size",
+           "ZeroOptimizer"]

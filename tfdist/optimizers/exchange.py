@@ -104,6 +104,10 @@ class GradientExchange:
         """How many times gradients were exchanged."""
         return int(self._rounds.numpy()) if self.built else 0
 
+    def add_round(self) -> None:
+        """Counts one exchange made outside `exchange` (e.g. by ZeroOptimizer)."""
+        self._rounds.assign_add(1)
+
     def dense_bytes_per_exchange(self) -> float | None:
         """Bytes a dense float32 all-reduce of the same gradients would send (once traced)."""
         from tfdist.comm import ring_bytes

@@ -1,0 +1,142 @@
+"""ZeRO stages 1 and 2 (tfdist.ZeroOptimizer) on MirroredStrategy over logical CPU devices."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.workers import common
+from tfdist.comm import ring_bytes
+from tfdist.zero import ShardPlan, ZeroOptimizer, memory_report
+
+BATCH = 32
+INNER = {
+    "adam": lambda: keras.optimizers.Adam(1e-2),
+    "adamw": lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.05),
+    "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+}
+
+
+def test_shard_plan_balances_and_round_trips():
+    plan = ShardPlan([(2, 3), (4,)], world_size=4)  # P = 10: shards of 3, 2 elements padding
+    assert (plan.total, plan.shard_size, plan.padding) == (10, 3, 2)
+    a, b = tf.reshape(tf.range(6.0), (2, 3)), tf.range(6.0, 10.0)
+    flat = plan.flatten([a, b])
+    assert flat.shape == (12,)
+    np.testing.assert_array_equal(plan.shard(flat, 3), [9.0, 0.0, 0.0])
+    u, v = plan.unflatten(flat)
+    np.testing.assert_array_equal(u, a)
+    np.testing.assert_array_equal(v, b)
+    np.testing.assert_array_equal(plan.flatten([None, b])[:6], np.zeros(6))
+    shards = plan.split(np.arange(10.0))
+    assert [len(s) for s in shards] == [3, 3, 3, 3]
+    np.testing.assert_array_equal(plan.consolidate(shards), np.arange(10.0))
+    with pytest.raises(ValueError, match="world_size"):
+        ShardPlan([(2,)], 0)
+    with pytest.raises(ValueError, match="all 4 shards"):
+        plan.consolidate(shards[:2])
+
+
+def _fit(strategy, make_optimizer, steps=20, x=None, y=None, model=None, accumulation=1):
+    if x is None:
+        x, y = common.load_digits()
+    with strategy.scope():
+        if model is None:
+            model = common.make_model(hidden=(32,))
+            model.compile(optimizer=make_optimizer(), loss="sparse_categorical_crossentropy")
+    history = model.fit(common.distribute(strategy, x, y, BATCH // accumulation, shuffle=False),
+                        epochs=steps, steps_per_epoch=1, verbose=0)
+    return model, history.history["loss"]
+
+
+_reference_cache: dict = {}
+
+
+def _reference(mirrored, name):
+    """The inner optimizer itself under MirroredStrategy (Keras' own all-reduce)."""
+    if name not in _reference_cache:
+        model, losses = _fit(mirrored(4), INNER[name])
+        _reference_cache[name] = common.weights(model), losses
+    return _reference_cache[name]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_zero_matches_the_inner_optimizer_step_by_step(mirrored, name, stage):
+    weights, losses = _reference(mirrored, name)
+    model, zero_losses = _fit(mirrored(4), lambda: ZeroOptimizer(INNER[name](), stage=stage))
+    np.testing.assert_allclose(zero_losses, losses, rtol=1e-5, atol=1e-6)
+    common.assert_weights_close(common.weights(model), weights, rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_state_per_replica_is_one_shard(mirrored):
+    n = 4
+    zero, _ = _fit(mirrored(n), lambda: ZeroOptimizer(keras.optimizers.Adam(1e-2)), steps=1)
+    plain, _ = _fit(mirrored(n), INNER["adam"], steps=1)
+    p = zero.count_params()
+    shard = -(-p // n)
+    zero_report, plain_report = memory_report(zero.optimizer), memory_report(plain.optimizer)
+    assert len(zero_report) == n  # one entry per device the copies were placed on
+    for device, kinds in zero_report.items():
+        assert kinds["optimizer_state"] == shard * 2 * 4, device  # Adam: m and v of one shard
+        assert kinds["param_shard"] == shard * 4
+        assert plain_report[device]["optimizer_state"] == p * 2 * 4  # every replica: all of it
+
+
+def test_bytes_on_the_wire_equal_data_parallel_all_reduce(mirrored):
+    n, steps = 4, 3
+    zero, _ = _fit(mirrored(n), lambda: ZeroOptimizer(keras.optimizers.Adam(1e-2)), steps=steps)
+    dense, _ = _fit(mirrored(n), lambda: tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
+                    steps=steps)
+    plan = zero.optimizer.plan
+    # reduce-scatter (N-1)/N x 4 N S + all-gather (N-1) x 4 S, measured by the counters
+    assert zero.optimizer.bytes_sent == pytest.approx(steps * 2 * (n - 1) * 4 * plan.shard_size)
+    padding = steps * ring_bytes("all_reduce", 4 * plan.padding, n)
+    assert zero.optimizer.bytes_sent - dense.optimizer.bytes_sent == pytest.approx(padding)
+    assert zero.optimizer.communication_rounds == steps
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_accumulation_matches_and_stage_2_keeps_one_gradient_shard(mirrored, stage):
+    n = 4
+    ref, ref_losses = _fit(mirrored(n), lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.Adam(1e-2), accumulation_steps=2), steps=8, accumulation=2)
+    zero, losses = _fit(mirrored(n), lambda: ZeroOptimizer(
+        keras.optimizers.Adam(1e-2), stage=stage, accumulation_steps=2), steps=8, accumulation=2)
+    common.assert_weights_close(common.weights(zero), common.weights(ref), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    shard = zero.optimizer.plan.shard_size
+    expected = shard * 4 if stage == 2 else zero.count_params() * 4
+    for kinds in memory_report(zero.optimizer).values():
+        assert kinds["gradient_buffers"] == expected
+
+
+def test_save_with_4_replicas_load_with_2_and_continue(mirrored, tmp_path):
+    x, y = common.load_digits()
+    later = (x[10 * BATCH:], y[10 * BATCH:])  # global batches 10, 11, ...
+    make = lambda: ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=2)  # noqa: E731
+    straight, _ = _fit(mirrored(4), make, steps=10)
+    path = str(tmp_path / "zero.keras")
+    straight.save(path)
+    _fit(mirrored(4), None, steps=10, x=later[0], y=later[1], model=straight)
+
+    two = mirrored(2)
+    with two.scope():
+        resumed = keras.saving.load_model(path)
+    assert isinstance(resumed.optimizer, ZeroOptimizer) and resumed.optimizer.stage == 2
+    _fit(two, None, steps=10, x=later[0], y=later[1], model=resumed)
+    assert resumed.optimizer.plan.world_size == 2
+    common.assert_weights_close(common.weights(resumed), common.weights(straight),
+                                rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments_say_what_and_how_to_fix():
+    with pytest.raises(ValueError, match="stage=3"):
+        ZeroOptimizer(keras.optimizers.Adam(), stage=3)
+    with pytest.raises(ValueError, match="Lamb"):
+        ZeroOptimizer(keras.optimizers.Lamb())
+    with pytest.raises(ValueError, match="clipnorm=1.0"):
+        ZeroOptimizer(keras.optimizers.Adam(clipnorm=1.0))
+    with pytest.raises(ValueError, match="element-wise"):
+        ZeroOptimizer("adam")

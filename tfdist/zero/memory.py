@@ -1,0 +1,36 @@
+"""Bytes of optimizer variables actually placed on each device, by kind."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tfdist.optimizers.distributed import _replica_copies
+
+KINDS = ("optimizer_state", "param_shard", "gradient_buffers", "other")
+
+
+def _kinds(optimizer) -> dict[int, str]:
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    kinds = {id(v): "optimizer_state" for v in inner.variables if len(v.shape) >= 1}
+    for v in getattr(optimizer, "_accumulators", []):
+        kinds[id(v)] = "gradient_buffers"
+    if hasattr(optimizer, "_shard"):
+        kinds[id(optimizer._shard)] = "param_shard"
+    return kinds
+
+
+def memory_report(optimizer) -> dict[str, dict[str, int]]:
+    """{device: {kind: bytes}} for every variable of a built Keras optimizer (a tfdist wrapper,
+    a `ZeroOptimizer` or a plain Keras optimizer), read from where each copy was placed.
+
+    Kinds: "optimizer_state" (the inner optimizer's per-element state: momentum, Adam moments),
+    "param_shard" (ZeroOptimizer's flat fp32 parameter shard), "gradient_buffers" (accumulators)
+    and "other" (counters, scalars).
+    """
+    kinds = _kinds(optimizer)
+    report: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
+    for var in optimizer.variables:
+        kind = kinds.get(id(var), "other")
+        for copy in _replica_copies(var):
+            report[copy.device][kind] += int(copy.shape.num_elements()) * copy.dtype.size
+    return dict(report)

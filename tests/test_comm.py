@@ -66,8 +66,10 @@ def test_replica_communicator_collectives_and_bytes(mirrored, n):
         np.testing.assert_allclose(rs[i], np.full(2, expect_sum))
         np.testing.assert_allclose(b[i], np.full(2 * n, n))
     payload = 2 * n * 4
-    # all_reduce x2, gather (4 bytes per worker), reduce_scatter and broadcast run as all-reduces.
-    expected = 4 * ring_bytes("all_reduce", payload, n) + ring_bytes("all_gather", 4, n)
+    # all_reduce x2, gather (4 bytes per worker), a true reduce-scatter (merge_call: all replicas
+    # in this process) and broadcast, which runs as an all-reduce.
+    expected = (3 * ring_bytes("all_reduce", payload, n) + ring_bytes("all_gather", 4, n)
+                + ring_bytes("reduce_scatter", payload, n))
     assert strategy.experimental_local_results(total)[0].numpy() == pytest.approx(expected)
 
 

@@ -61,24 +61,24 @@ class ReplicaCommunicator(Communicator):
         return uses_merge_call() and self.local_size % group_size == 0
 
     def _group_all_reduce(self, tensors, group_size, op):
-        ctx = _replica_context()
         devices = self.strategy.extended.worker_devices
 
-        def merge_fn(distribution, *values):
-            out = []
-            for value in values:
-                parts = distribution.experimental_local_results(value)
-                sums = []
-                for first in range(0, len(parts), group_size):
-                    with tf.device(devices[first]):
-                        total = tf.add_n([tf.identity(p) for p in parts[first:first + group_size]])
-                        sums.append(total / group_size if op == "mean" else total)
-                out.append(sums)
-            return out
+        def per_group(parts):
+            return [_reduce_on(devices[first], parts[first:first + group_size], op)
+                    for first in range(0, len(parts), group_size)]
 
-        per_group = ctx.merge_call(merge_fn, args=tensors)
-        local_id = int(tf.get_static_value(ctx.replica_id_in_sync_group)) % len(devices)
-        return [tf.identity(sums[local_id // group_size]) for sums in per_group]
+        results, local_id = self._in_merge_call(per_group, tensors)
+        return [tf.identity(sums[local_id // group_size]) for sums in results]
+
+    def _in_merge_call(self, fn, tensors):
+        """Runs `fn(parts)` in `merge_call` for each tensor, `parts` being its values on this
+        worker's devices in replica order; returns the results (every replica gets them all)
+        and this replica's index among the worker's devices."""
+        ctx = _replica_context()
+        results = ctx.merge_call(
+            lambda distribution, *values: [fn(distribution.experimental_local_results(v))
+                                           for v in values], args=tensors)
+        return results, int(tf.get_static_value(ctx.replica_id_in_sync_group)) % self.local_size
 
     def _all_reduce(self, tensors, op):
         ctx = _replica_context()
@@ -100,29 +100,29 @@ class ReplicaCommunicator(Communicator):
         if not self._all_local():
             (reduced,) = self._all_reduce([tensor], op)
             return reduced[self.rank * chunk:(self.rank + 1) * chunk]
-        ctx = _replica_context()
         devices = self.strategy.extended.worker_devices
 
-        def merge_fn(distribution, value):
-            parts = distribution.experimental_local_results(value)
+        def scatter(parts):
             pieces = []  # pieces[r][k]: chunk k of replica r, cut on replica r's device
             for r, part in enumerate(parts):
                 with tf.device(devices[r]):
                     pieces.append([part[k * chunk:(k + 1) * chunk] for k in range(n)])
-            out = []
-            for k in range(n):
-                with tf.device(devices[k]):
-                    total = tf.add_n([pieces[r][k] for r in range(n)])
-                    out.append(total / n if op == "mean" else total)
-            return out
+            return [_reduce_on(devices[k], [p[k] for p in pieces], op) for k in range(n)]
 
-        chunks = ctx.merge_call(merge_fn, args=(tensor,))
-        return tf.identity(chunks[int(tf.get_static_value(ctx.replica_id_in_sync_group))])
+        (chunks,), local_id = self._in_merge_call(scatter, [tensor])
+        return tf.identity(chunks[local_id])
 
     def _broadcast(self, tensors, root):
         is_root = tf.equal(self.rank, root)
         masked = [tf.where(is_root, t, tf.zeros_like(t)) for t in tensors]
         return self._all_reduce(masked, "sum")
+
+
+def _reduce_on(device: str, parts: list, op: str) -> tf.Tensor:
+    """Sum (or mean) of `parts`, computed on `device`."""
+    with tf.device(device):
+        total = tf.add_n(list(parts))
+        return total / len(parts) if op == "mean" else total
 
 
 def _replica_context() -> tf.distribute.ReplicaContext:

@@ -222,20 +222,22 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.averaging.build(self, var_list)
         self._accumulators = []
         if self.accumulation_steps > 1 or self.variable_accumulation:
-            self._accumulators = [
-                self.add_variable_from_reference(v, name="accumulator") for v in var_list
-            ]
-            self._micro_steps = self.add_variable(
-                shape=(), dtype="int64", initializer="zeros", aggregation="none",
-                name="micro_steps")
-            self._accumulation_target = self.add_variable(
-                shape=(), dtype="int64", aggregation="none", name="accumulation_steps",
-                initializer=lambda shape, dtype: tf.constant(self.accumulation_steps, tf.int64))
+            self._build_accumulation(
+                [self.add_variable_from_reference(v, name="accumulator") for v in var_list])
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         super().build(var_list)
         if self.averaging is not None:
             self.averaging.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
+
+    def _build_accumulation(self, buffers: list) -> None:
+        """Gradient accumulation state: the `buffers` and the micro-step counters."""
+        self._accumulators = buffers
+        self._micro_steps = self.add_variable(
+            shape=(), dtype="int64", initializer="zeros", aggregation="none", name="micro_steps")
+        self._accumulation_target = self.add_variable(
+            shape=(), dtype="int64", aggregation="none", name="accumulation_steps",
+            initializer=lambda shape, dtype: tf.constant(self.accumulation_steps, tf.int64))
 
     @property
     def compressor(self):
@@ -328,24 +330,32 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.accumulation_steps
 
     def _accumulate(self, comm, grads, variables):
-        self.exchange.track(self._unscale(grads), variables)  # per micro-batch, unscaled
-        accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
-        for acc, g in zip(accs, grads):
-            if g is not None:
-                acc.assign_add(tf.cast(g, acc.dtype))
+        """Adds one micro-batch; on the last micro-step of an optimizer step, applies the mean."""
+        self._add_micro_batch(comm, grads, variables)
         micro = self._micro_steps + 1
         self._micro_steps.assign(micro)
-        boundary = micro >= self._accumulation_target
+        present = [g is not None for g in grads]
 
         def step():  # reads this replica's accumulators; captures no per-replica tensor
-            k = self._micro_steps
-            mean = [None if g is None else acc / tf.cast(k, acc.dtype) for acc, g in zip(accs, grads)]
-            self._reduce_and_apply(comm, mean, variables, track=False)
-            for acc in accs:
+            self._apply_accumulated(comm, variables, present)
+            for acc in self._accumulators:
                 acc.assign(tf.zeros_like(acc))
             self._micro_steps.assign(0)
 
-        replica_cond(boundary, step, lambda: None)
+        replica_cond(micro >= self._accumulation_target, step, lambda: None)
+
+    def _add_micro_batch(self, comm, grads, variables):
+        self.exchange.track(self._unscale(grads), variables)  # per micro-batch, unscaled
+        for v, g in zip(variables, grads):
+            if g is not None:
+                acc = self._accumulators[self._get_variable_index(v)]
+                acc.assign_add(tf.cast(g, acc.dtype))
+
+    def _apply_accumulated(self, comm, variables, present):
+        k = self._micro_steps
+        accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
+        mean = [acc / tf.cast(k, acc.dtype) if p else None for acc, p in zip(accs, present)]
+        self._reduce_and_apply(comm, mean, variables, track=False)
 
     def _reduce_and_apply(self, comm, grads, variables, track=True):
         """Reduces this replica's gradients (None for unused variables) and applies them.

@@ -24,7 +24,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.control import replica_cond
 from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
 from tfdist.zero.plan import ShardPlan
 
@@ -105,19 +104,11 @@ class ZeroOptimizer(DistributedOptimizer):
                                         initializer="zeros", name="zero_param_shard")
         self._accumulators = []
         if self.accumulation_steps > 1:
-            if self.stage == 1:  # full-size gradient buffers
-                self._accumulators = [self.add_variable_from_reference(v, name="accumulator")
-                                      for v in var_list]
-            else:  # one shard
-                self._accumulators = [self.add_variable(
-                    shape=(size,), dtype="float32", aggregation="none", initializer="zeros",
-                    name="zero_gradient_shard")]
-            self._micro_steps = self.add_variable(
-                shape=(), dtype="int64", initializer="zeros", aggregation="none",
-                name="micro_steps")
-            self._accumulation_target = self.add_variable(
-                shape=(), dtype="int64", aggregation="none", name="accumulation_steps",
-                initializer=lambda shape, dtype: tf.constant(self.accumulation_steps, tf.int64))
+            self._build_accumulation(
+                [self.add_variable_from_reference(v, name="accumulator") for v in var_list]
+                if self.stage == 1 else  # full-size gradient buffers; stage 2: one shard
+                [self.add_variable(shape=(size,), dtype="float32", aggregation="none",
+                                   initializer="zeros", name="zero_gradient_shard")])
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
         self.inner_optimizer.build([self._shard])  # the state exists for one shard only
@@ -149,21 +140,19 @@ class ZeroOptimizer(DistributedOptimizer):
             var.assign(tf.cast(value, var.dtype))
         self.exchange.add_round()
 
-    def _accumulate(self, comm, grads, variables):
+    def _add_micro_batch(self, comm, grads, variables):
         if self.stage == 1:
-            super()._accumulate(comm, grads, variables)
+            super()._add_micro_batch(comm, grads, variables)
+            return
+        self._accumulators[0].assign_add(
+            comm.reduce_scatter(self.plan.flatten(grads), op=self._reduce_op))
+
+    def _apply_accumulated(self, comm, variables, present):
+        if self.stage == 1:
+            super()._apply_accumulated(comm, variables, present)
             return
         (acc,) = self._accumulators
-        acc.assign_add(comm.reduce_scatter(self.plan.flatten(grads), op=self._reduce_op))
-        micro = self._micro_steps + 1
-        self._micro_steps.assign(micro)
-
-        def step():
-            self._apply_shard(comm, acc / tf.cast(self._micro_steps, tf.float32), variables)
-            acc.assign(tf.zeros_like(acc))
-            self._micro_steps.assign(0)
-
-        replica_cond(micro >= self._accumulation_target, step, lambda: None)
+        self._apply_shard(comm, acc / tf.cast(self._micro_steps, tf.float32), variables)
 
     # -- checkpoints: consolidated, re-sharded on load -------------------------------------------
     # Keras saves the wrapper's own variables and, as a separate object, the inner optimizer's;

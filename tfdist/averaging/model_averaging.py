@@ -69,7 +69,6 @@ class ModelAveraging:
         self.schedule, self.slowmo, self.sma, self.topology = schedule, slowmo, sma, topology
         self.outer = slowmo or sma
         self.levels = schedule if isinstance(schedule, HierarchicalSchedule) else None
-        self.hierarchical = self.levels is not None
         self.average_optimizer_state = bool(average_optimizer_state)
         self.also_averaged: list = []
         self.optimizer_state: Callable[[], list] = list  # set by the owner: its slot variables
@@ -186,7 +185,7 @@ class ModelAveraging:
 
     def get_config(self) -> dict:
         schedule = dataclasses.asdict(self.schedule)
-        return {"local_sgd": {"hierarchical" if self.hierarchical else "periodic": schedule},
+        return {"local_sgd": {"periodic" if self.levels is None else "hierarchical": schedule},
                 "averaging_topology": self.topology,
                 "slowmo": None if self.slowmo is None else dataclasses.asdict(self.slowmo),
                 "sma": None if self.sma is None else dataclasses.asdict(self.sma),

@@ -49,6 +49,12 @@ def test_defaults_fill_missing_keys():
     ({"averaging": {"period": 2, "topology": "star"}}, "averaging.topology: got 'star'"),
     ({"averaging": {"period": 4}, "compression": {"name": "fp16"}},
      "local SGD does not combine with compression"),
+    ({"optimizer": {"zero_stage": 3}}, "optimizer.zero_stage: got 3; must be one of"),
+    ({"optimizer": {"offload": "disk"}}, "optimizer.offload: needs optimizer.zero_stage"),
+    ({"optimizer": {"zero_stage": 1, "offload": "gpu"}}, "optimizer.offload: got 'gpu'"),
+    ({"optimizer": {"zero_stage": 1, "offload_dir": "/tmp"}}, "only for optimizer.offload: disk"),
+    ({"optimizer": {"zero_stage": 2}, "compression": {"name": "topk"}},
+     "ZeRO does not combine with compression"),
 ])
 def test_errors_name_key_value_and_rule(raw, message):
     with pytest.raises(ConfigError) as e:

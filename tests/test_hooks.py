@@ -90,3 +90,23 @@ def test_collective_key_base_hook_lets_strategies_coexist():
 
         results.append(s.experimental_local_results(gather())[0].numpy().tolist())
     assert results == [[1.0, 1.0], [1, 1]]
+
+
+def test_checkpoint_hooks_hide_objects_and_compute_an_entry(tmp_path):
+    """tf.train.Checkpoint asks `_trackable_children` for what to write and round-trips a
+    Trackable's `_serialize_to_tensors` / `_restore_from_tensors` (ZeroOptimizer's entry)."""
+    module = tf.Module()
+    module.kept, module.hidden = tf.Variable(1.0), tf.Variable([2.0, 3.0])
+    module.items = [module.kept, module.hidden]
+    _tf_hooks.hide_from_checkpoints(module, lambda: [module.hidden])
+    restored = {}
+    module.entry = _tf_hooks.ComputedCheckpointEntry(lambda: {"whole": [4.0, 5.0, 6.0]},
+                                                     restored.update)
+    path = tf.train.Checkpoint(m=module).save(str(tmp_path / "c"))
+    names = dict(tf.train.list_variables(path))
+    assert names["m/entry/.ATTRIBUTES/whole"] == [3]
+    assert not any(shape == [2] for shape in names.values())  # hidden: not written
+    module.kept.assign(0.0)
+    tf.train.Checkpoint(m=module).restore(path).assert_existing_objects_matched()
+    assert float(module.kept.numpy()) == 1.0
+    assert restored["whole"].tolist() == [4.0, 5.0, 6.0]

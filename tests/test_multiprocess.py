@@ -265,13 +265,15 @@ def test_hierarchical_local_sgd_on_four_horovod_ranks_as_two_hosts(worker_cmd, t
 
 @needs_horovod
 @pytest.mark.horovod
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, stage):
-    """tfdist.horovod.ZeroOptimizer(Adam): each rank holds half of Adam's state; 20 steps equal
-    plain Adam under MirroredStrategy; bytes = reduce-scatter + all-gather = a dense all-reduce."""
+@pytest.mark.parametrize(("stage", "offload"), [(1, None), (2, None), (2, "disk")])
+def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, stage, offload):
+    """tfdist.horovod.ZeroOptimizer(Adam): each rank holds half of Adam's state (on the device or
+    in files streamed in 8 KiB chunks); 20 steps equal plain Adam under MirroredStrategy;
+    bytes = reduce-scatter + all-gather = a dense all-reduce."""
+    extra = ["--offload", offload] if offload else []
     result = run_horovod(
         [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", "adam",
-         "--steps", "20", "--zero", str(stage)], 2, TIMEOUT, env=worker_env())
+         "--steps", "20", "--zero", str(stage), *extra], 2, TIMEOUT, env=worker_env())
     assert result.returncode == 0, result.output[-5000:]
     w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tfdist
 from tests.workers import common
 from tfdist.comm import ring_bytes
-from tfdist.zero import ShardPlan, ZeroOptimizer, memory_report
+from tfdist.zero import Offload, ShardPlan, ZeroOptimizer, memory_report
 
 BATCH = 32
 INNER = {
@@ -38,12 +38,13 @@ def test_shard_plan_balances_and_round_trips():
         plan.consolidate(shards[:2])
 
 
-def _fit(strategy, make_optimizer, steps=20, x=None, y=None, model=None, accumulation=1):
+def _fit(strategy, make_optimizer, steps=20, x=None, y=None, model=None, accumulation=1,
+         hidden=(32,)):
     if x is None:
         x, y = common.load_digits()
     with strategy.scope():
         if model is None:
-            model = common.make_model(hidden=(32,))
+            model = common.make_model(hidden=hidden)
             model.compile(optimizer=make_optimizer(), loss="sparse_categorical_crossentropy")
     history = model.fit(common.distribute(strategy, x, y, BATCH // accumulation, shuffle=False),
                         epochs=steps, steps_per_epoch=1, verbose=0)
@@ -131,6 +132,106 @@ def test_save_with_4_replicas_load_with_2_and_continue(mirrored, tmp_path):
                                 rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("kind", "name", "stage"), [
+    ("cpu", "adam", 1), ("disk", "adam", 2), ("disk", "adamw", 1), ("disk", "sgd", 2)])
+def test_offloaded_state_matches_the_inner_optimizer(mirrored, tmp_path, kind, name, stage):
+    """The state off the devices (host memory; files streamed in 4 KiB chunks): same steps."""
+    weights, losses = _reference(mirrored, name)
+    offload = Offload(kind) if kind == "cpu" else Offload(kind, str(tmp_path), budget_bytes=4096)
+    model, zero_losses = _fit(mirrored(4), lambda: ZeroOptimizer(INNER[name](), stage=stage,
+                                                                  offload=offload))
+    np.testing.assert_allclose(zero_losses, losses, rtol=1e-5, atol=1e-6)
+    common.assert_weights_close(common.weights(model), weights, rtol=1e-5, atol=1e-6)
+    report = memory_report(model.optimizer)
+    slots = 2 if name.startswith("adam") else 1
+    shard = model.optimizer.plan.shard_size
+    assert all(kinds["optimizer_state"] == 0 for device, kinds in report.items()
+               if "device:" in device)  # nothing per element on the devices
+    where = "host" if kind == "cpu" else f"disk:{tmp_path}"
+    assert report[where]["optimizer_state"] == 4 * slots * shard * 4
+    if kind == "disk":
+        assert len(list(tmp_path.iterdir())) == 4 * slots  # one file per replica and slot
+
+
+def test_disk_offload_keeps_resident_state_within_the_budget(mirrored, tmp_path):
+    budget = 32 * 1024
+    offload = Offload("disk", str(tmp_path), budget_bytes=budget, measure_resident=True)
+    model, _ = _fit(mirrored(2), lambda: ZeroOptimizer(keras.optimizers.Adam(1e-3),
+                                                       offload=offload),
+                    steps=3, hidden=(512,))
+    state = model.optimizer.offloaded
+    per_replica = state.stored_bytes() // 2
+    assert per_replica == 2 * 4 * model.optimizer.plan.shard_size > 4 * budget  # on disk
+    peak = state.peak_resident_bytes  # resident pages of the files, from /proc/self/smaps
+    assert 0 < peak <= budget // 2
+    assert peak + state.working_bytes() // 2 <= budget
+
+
+def test_offloaded_checkpoint_is_consolidated_and_loads_elsewhere(mirrored, tmp_path):
+    """Saved from host-offloaded state on 4 replicas; loaded on 2 replicas with the state in
+    host memory (load_model), in files and on the devices (load_weights): each continues like
+    the uninterrupted 4-replica run."""
+    x, y = common.load_digits()
+    later = (x[10 * BATCH:], y[10 * BATCH:])
+    adam = lambda: keras.optimizers.Adam(1e-2)  # noqa: E731
+    straight, _ = _fit(mirrored(4), lambda: ZeroOptimizer(adam(), stage=2), steps=10)
+    offloaded, _ = _fit(mirrored(4), lambda: ZeroOptimizer(adam(), stage=2, offload="cpu"),
+                        steps=10)
+    path = str(tmp_path / "offloaded.keras")
+    offloaded.save(path)
+    _fit(mirrored(4), None, steps=10, x=later[0], y=later[1], model=straight)
+
+    two = mirrored(2)
+    with two.scope():
+        loaded = keras.saving.load_model(path)
+    assert loaded.optimizer.offload.kind == "cpu"
+    resumed = [loaded]
+    for offload in (Offload("disk", str(tmp_path), budget_bytes=4096), None):
+        two = mirrored(2)
+        with two.scope():
+            model = common.make_model(hidden=(32,))
+            model.compile(optimizer=ZeroOptimizer(adam(), stage=2, offload=offload),
+                          loss="sparse_categorical_crossentropy")
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(path)  # the model's weights and the optimizer's state
+        resumed.append(model)
+    for model in resumed:
+        _fit(mirrored(2), None, steps=10, x=later[0], y=later[1], model=model)
+        common.assert_weights_close(common.weights(model), common.weights(straight),
+                                    rtol=1e-5, atol=1e-6)
+
+
+def test_tf_train_checkpoint_is_consolidated_and_reshards(mirrored, tmp_path):
+    """tf.train.Checkpoint of a 4-replica ZeroOptimizer holds each state slot whole (not
+    replica 0's shard); restored on 2 replicas (before and after the optimizer is built, state
+    on the devices or on disk) training continues like the uninterrupted run."""
+    x, y = common.load_digits()
+    later = (x[10 * BATCH:], y[10 * BATCH:])
+    adam = lambda: keras.optimizers.Adam(1e-2)  # noqa: E731
+    straight, _ = _fit(mirrored(4), lambda: ZeroOptimizer(adam(), stage=2), steps=10)
+    path = tf.train.Checkpoint(model=straight, optimizer=straight.optimizer).save(
+        str(tmp_path / "ckpt"))
+    _fit(mirrored(4), None, steps=10, x=later[0], y=later[1], model=straight)
+    saved = dict(tf.train.list_variables(path))
+    p = straight.count_params()
+    assert [saved[f"optimizer/zero_state/.ATTRIBUTES/{i}"] for i in (2, 3)] == [[p], [p]]
+    assert not any(shape == [straight.optimizer.plan.shard_size] for shape in saved.values())
+
+    for offload, build_first in ((None, True), (None, False), ("disk", True)):
+        two = mirrored(2)
+        with two.scope():
+            model = common.make_model(hidden=(32,))
+            model.compile(optimizer=ZeroOptimizer(adam(), stage=2, offload=offload),
+                          loss="sparse_categorical_crossentropy")
+            if build_first:
+                model.optimizer.build(model.trainable_variables)
+            status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(path)
+        _fit(two, None, steps=10, x=later[0], y=later[1], model=model)  # deferred: at build
+        status.assert_consumed()
+        common.assert_weights_close(common.weights(model), common.weights(straight),
+                                    rtol=1e-5, atol=1e-6)
+
+
 def test_bad_arguments_say_what_and_how_to_fix():
     with pytest.raises(ValueError, match="stage=3"):
         ZeroOptimizer(keras.optimizers.Adam(), stage=3)
@@ -138,5 +239,11 @@ def test_bad_arguments_say_what_and_how_to_fix():
         ZeroOptimizer(keras.optimizers.Lamb())
     with pytest.raises(ValueError, match="clipnorm=1.0"):
         ZeroOptimizer(keras.optimizers.Adam(clipnorm=1.0))
+    with pytest.raises(ValueError, match="'gpu'"):
+        ZeroOptimizer(keras.optimizers.Adam(), offload="gpu")
+    with pytest.raises(ValueError, match="does not exist"):
+        ZeroOptimizer(keras.optimizers.Adam(), offload=Offload("disk", "/no/such/dir"))
+    with pytest.raises(ValueError, match="budget_bytes=10"):
+        Offload("disk", budget_bytes=10)
     with pytest.raises(ValueError, match="element-wise"):
         ZeroOptimizer("adam")

@@ -62,6 +62,13 @@ def _print_summary(s: dict) -> None:
             comp += (f" (and within each host of {avg['host_size'] or 'its devices'} every "
                      f"{avg['intra_period']})")
     print(f"compression       {comp}")
+    opt = s["config"]["optimizer"]
+    state = ", ".join(f"{'disk' if device.startswith('disk:') else device.split('/')[-1]}: {n:,}"
+                      for device, n in s["optimizer_state_bytes"].items())
+    zero = (f"ZeRO stage {opt['zero_stage']}" + (f", offload {opt['offload']}"
+                                                 if opt["offload"] else "") + "; "
+            if opt["zero_stage"] else "")
+    print(f"optimizer state   {zero}bytes {state or 'none'}")
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
           f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "
           f"total {s['bytes_sent_total']:,.0f})")

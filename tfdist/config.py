@@ -87,6 +87,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
         "scale_lr_by_workers": Field(False, (bool,), "true or false"),
         "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0),
+        "zero_stage": _choice((None, 1, 2), None),
+        "offload": _choice((None, "cpu", "disk"), None),
+        "offload_dir": Field(None, (str,), "an existing directory, or null (a temporary one)",
+                             nullable=True),
+        "offload_budget_mb": _float("a number > 0 (MiB of state in host memory at once)",
+                                    lambda v: v > 0, 64),
     },
     "compression": {
         "name": _choice(tuple(sorted(COMPRESSORS)), "none"),
@@ -215,9 +221,28 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                                       or avg["intra_period"] is not None):
         errors.append("averaging.topology: 'ring' gossip does not combine with SlowMo, SMA or "
                       "hierarchical averaging; use 'all'")
+    errors += _zero_checks(c)
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")
+    return errors
+
+
+def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
+    opt, errors = c["optimizer"], []
+    if opt["zero_stage"] is None:
+        for key in ("offload", "offload_dir"):
+            if opt[key] is not None:
+                errors.append(f"optimizer.{key}: needs optimizer.zero_stage (1 or 2)")
+        return errors
+    if c["compression"]["name"] != "none" or c["averaging"]["period"] is not None:
+        errors.append("optimizer.zero_stage: ZeRO does not combine with compression or local "
+                      "SGD; set compression.name to none and averaging.period to null")
+    if c["train"]["precision"] == "mixed_float16":
+        errors.append("optimizer.zero_stage: ZeRO does no loss scaling; use train.precision "
+                      "float32 or mixed_bfloat16")
+    if opt["offload_dir"] is not None and opt["offload"] != "disk":
+        errors.append("optimizer.offload_dir: only for optimizer.offload: disk")
     return errors
 
 

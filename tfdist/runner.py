@@ -30,6 +30,7 @@ from tfdist.data import (
 )
 from tfdist.models import build_model
 from tfdist.optimizers import DistributedOptimizer
+from tfdist.zero import Offload, ZeroOptimizer
 
 
 def configure_devices(count: int) -> list[str]:
@@ -89,6 +90,32 @@ def make_engine(config: dict[str, Any]) -> Engine:
         strategy = tfdist.strategies.new_mirrored_strategy(devices)
         return Engine(name, strategy, strategy.num_replicas_in_sync, 0)
     return Engine(name, None, 1, 0)
+
+
+def _state_bytes(optimizer) -> dict[str, int]:
+    """Optimizer-state bytes per device (and host/disk when offloaded), as placed."""
+    from tfdist.zero import memory_report
+
+    return {device: kinds["optimizer_state"] for device, kinds in
+            memory_report(optimizer).items() if kinds["optimizer_state"]}
+
+
+def _wrap(engine, inner, opt_cfg: dict, kwargs: dict):
+    """The config's tfdist optimizer around `inner`, for the engine."""
+    if engine.name == "horovod":
+        import tfdist.horovod as thvd
+
+        distributed, zero = thvd.DistributedOptimizer, thvd.ZeroOptimizer
+    else:
+        distributed, zero = DistributedOptimizer, ZeroOptimizer
+    if opt_cfg["zero_stage"] is None:
+        return distributed(inner, **kwargs)
+    offload = opt_cfg["offload"]
+    if offload == "disk":
+        offload = Offload("disk", opt_cfg["offload_dir"],
+                          budget_bytes=int(opt_cfg["offload_budget_mb"] * 2**20))
+    return zero(inner, stage=opt_cfg["zero_stage"],
+                accumulation_steps=opt_cfg["accumulation_steps"], offload=offload)
 
 
 def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
@@ -158,12 +185,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                 kwargs["slowmo"] = SlowMo(avg["slowmo_momentum"], avg["slowmo_learning_rate"])
             if avg["sma_alpha"] is not None:
                 kwargs["sma"] = SMA(avg["sma_alpha"], avg["sma_momentum"])
-        if engine.name == "horovod":
-            import tfdist.horovod as thvd
-
-            optimizer = thvd.DistributedOptimizer(inner, **kwargs)
-        else:
-            optimizer = DistributedOptimizer(inner, **kwargs)
+        optimizer = _wrap(engine, inner, opt_cfg, kwargs)
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
         if optimizer.local_sgd is not None:
@@ -222,6 +244,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "dense_bytes_per_step": dense_per_step,
         "bytes_ratio_vs_dense": (optimizer.bytes_sent / total_steps / dense_per_step
                                  if dense_per_step else None),
+        "optimizer_state_bytes": _state_bytes(optimizer),
         "train_seconds": round(train_seconds, 2),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),

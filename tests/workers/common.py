@@ -41,9 +41,10 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         thvd.init()
         model = make_model(hidden)
         zero_stage = wrapper_kwargs.pop("zero_stage", 0)
+        offload = wrapper_kwargs.pop("offload", None)
         if zero_stage:
             opt = thvd.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
-                                     accumulation_steps=accumulation_steps)
+                                     accumulation_steps=accumulation_steps, offload=offload)
         else:
             opt = thvd.DistributedOptimizer(make_inner_optimizer(optimizer),
                                             accumulation_steps=accumulation_steps,

@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--levels", default=None,
                    help="INTRA,INTER,HOST_SIZE: hierarchical local SGD (warm-up 1)")
     p.add_argument("--zero", type=int, default=0, help="ZeroOptimizer stage (horovod; 0: off)")
+    p.add_argument("--offload", default=None, help="ZeroOptimizer offload: cpu or disk")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -89,6 +90,8 @@ def main() -> None:
         extra["local_sgd"] = tfdist.averaging.HierarchicalSchedule(intra, inter, 1, host)
     if args.zero:
         extra["zero_stage"] = args.zero
+        if args.offload:
+            extra["offload"] = tfdist.zero.Offload(args.offload, budget_bytes=8192)
     accordion = None
     if args.accordion:
         accordion = tfdist.callbacks.Accordion(eta=0.2, interval=2)

@@ -4,7 +4,8 @@
 """
 
 from tfdist.zero.memory import memory_report
+from tfdist.zero.offload import Offload
 from tfdist.zero.optimizer import ELEMENTWISE, ZeroOptimizer
 from tfdist.zero.plan import ShardPlan
 
-__all__ = ["ELEMENTWISE", "ShardPlan", "ZeroOptimizer", "memory_report"]
+__all__ = ["ELEMENTWISE", "Offload", "ShardPlan", "ZeroOptimizer", "memory_report"]

@@ -14,7 +14,7 @@ def _kinds(optimizer) -> dict[int, str]:
     kinds = {id(v): "optimizer_state" for v in inner.variables if len(v.shape) >= 1}
     for v in getattr(optimizer, "_accumulators", []):
         kinds[id(v)] = "gradient_buffers"
-    if hasattr(optimizer, "_shard"):
+    if getattr(optimizer, "_shard", None) is not None:
         kinds[id(optimizer._shard)] = "param_shard"
     return kinds
 
@@ -26,6 +26,9 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
     Kinds: "optimizer_state" (the inner optimizer's per-element state: momentum, Adam moments),
     "param_shard" (ZeroOptimizer's flat fp32 parameter shard), "gradient_buffers" (accumulators)
     and "other" (counters, scalars).
+
+    Offloaded state (`ZeroOptimizer(offload=...)`) is reported under "host" (offload="cpu":
+    all of it; "disk": the update's working copy of one chunk per slot) and "disk:<directory>".
     """
     kinds = _kinds(optimizer)
     report: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
@@ -33,4 +36,11 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
         kind = kinds.get(id(var), "other")
         for copy in _replica_copies(var):
             report[copy.device][kind] += int(copy.shape.num_elements()) * copy.dtype.size
+    offloaded = getattr(optimizer, "offloaded", None)
+    if offloaded is not None:
+        if offloaded.offload.kind == "cpu":
+            report["host"]["optimizer_state"] += offloaded.stored_bytes()
+        else:
+            report["host"]["optimizer_state"] += offloaded.working_bytes()
+            report[f"disk:{offloaded.directory}"]["optimizer_state"] += offloaded.stored_bytes()
     return dict(report)

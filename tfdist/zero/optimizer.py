@@ -25,6 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
+from tfdist.strategies._tf_hooks import (
+    ComputedCheckpointEntry,
+    children_without,
+    hide_from_checkpoints,
+)
+from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
 
 # Keras optimizers whose update is element-wise, so a flat shard updates like the whole.
@@ -53,6 +59,14 @@ def _check_inner(inner) -> None:
                          "exclude_from_weight_decay is not supported.")
 
 
+def _local_devices() -> list[str]:
+    """The devices of this process's replicas (one, "/CPU:0", without a strategy: Horovod)."""
+    strategy = tf.distribute.get_strategy()
+    if not tf.distribute.has_strategy():
+        return ["/device:CPU:0"]
+    return list(strategy.extended.worker_devices)
+
+
 @keras.saving.register_keras_serializable(package="tfdist")
 class ZeroOptimizer(DistributedOptimizer):
     """Shards the inner optimizer's state (stage 1) and gradients (stage 2) over replicas.
@@ -65,6 +79,9 @@ class ZeroOptimizer(DistributedOptimizer):
         stage: 1 (optimizer state sharded) or 2 (gradients too: reduce-scattered at every
             micro-step, accumulated as one shard). Defaults to 1.
         accumulation_steps: Micro-steps per optimizer step. Defaults to 1.
+        offload: None (state on the devices), "cpu" (state and update in host memory), "disk"
+            (state in memory-mapped files, streamed through host memory in chunks) or a
+            `tfdist.zero.Offload` naming the directory and host-memory budget.
         verify_model: Check that every replica builds the same model. Defaults to True.
         name: Optional name.
 
@@ -80,16 +97,19 @@ class ZeroOptimizer(DistributedOptimizer):
     """
 
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
-                 verify_model: bool = True, name: str | None = None):
+                 offload: Offload | str | dict | None = None, verify_model: bool = True,
+                 name: str | None = None):
         if isinstance(stage, bool) or stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}. Received: stage={stage!r}")
         _check_inner(inner_optimizer)
+        offload = Offload.parse(offload)
         if keras.config.dtype_policy().name == "mixed_float16":
             raise ValueError("ZeroOptimizer does no loss scaling: train in float32 or "
                              "mixed_bfloat16 (dtype policy is mixed_float16).")
         super().__init__(inner_optimizer, accumulation_steps=accumulation_steps, loss_scale=None,
                          verify_model=verify_model, name=name)
         self.stage = stage
+        self.offload = offload
 
     # -- building ------------------------------------------------------------------------------
     @property
@@ -100,8 +120,17 @@ class ZeroOptimizer(DistributedOptimizer):
         self.exchange.build(self, var_list)  # byte and round counters
         self.plan = ShardPlan([v.shape for v in var_list], self.world_size)
         size = self.plan.shard_size
-        self._shard = self.add_variable(shape=(size,), dtype="float32", aggregation="none",
-                                        initializer="zeros", name="zero_param_shard")
+        self._shard = None
+        self.offloaded = None
+        if self.offload is None:
+            self._shard = self.add_variable(shape=(size,), dtype="float32", aggregation="none",
+                                            initializer="zeros", name="zero_param_shard")
+        else:
+            devices = _local_devices()
+            host = tf.DeviceSpec.from_string(devices[0]).replace(
+                device_type="CPU", device_index=0).to_string()
+            self.offloaded = OffloadedState(self.offload, self.inner_optimizer, size,
+                                            len(devices), host)
         self._accumulators = []
         if self.accumulation_steps > 1:
             self._build_accumulation(
@@ -111,7 +140,9 @@ class ZeroOptimizer(DistributedOptimizer):
                                    initializer="zeros", name="zero_gradient_shard")])
         if self.verify_model and tf.executing_eagerly():
             self._verify_same_model(var_list)
-        self.inner_optimizer.build([self._shard])  # the state exists for one shard only
+        # The state exists for one shard only (offloaded: off the device, the inner optimizer
+        # keeps its step counter and learning rate).
+        self.inner_optimizer.build([] if self._shard is None else [self._shard])
         self._hook_inner_checkpoints()
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -119,8 +150,8 @@ class ZeroOptimizer(DistributedOptimizer):
         """Variables holding one shard per replica: the parameter shard, the inner optimizer's
         per-element state and (stage 2) the gradient shard."""
         size = self.plan.shard_size
-        out = [self._shard] + [v for v in self.inner_optimizer.variables
-                               if tuple(v.shape) == (size,)]
+        out = [] if self._shard is None else [self._shard]
+        out += [v for v in self.inner_optimizer.variables if tuple(v.shape) == (size,)]
         if self.stage == 2:
             out += self._accumulators
         return out
@@ -133,9 +164,16 @@ class ZeroOptimizer(DistributedOptimizer):
     def _apply_shard(self, comm, grad_shard, variables):
         own = self.plan.shard(self.plan.flatten([tf.convert_to_tensor(v) for v in variables]),
                               comm.rank)
-        self._shard.assign(own)  # the model's current values (set_weights, loading) win
-        self.inner_optimizer.apply([grad_shard], [self._shard])
-        full = comm.all_gather(tf.convert_to_tensor(self._shard))
+        if self.offloaded is not None:
+            inner = self.inner_optimizer
+            updated = self.offloaded.update(comm.rank, inner.iterations, inner.learning_rate,
+                                            grad_shard, own)
+            inner.iterations.assign_add(1)
+        else:
+            self._shard.assign(own)  # the model's current values (set_weights, loading) win
+            self.inner_optimizer.apply([grad_shard], [self._shard])
+            updated = tf.convert_to_tensor(self._shard)
+        full = comm.all_gather(updated)
         for var, value in zip(variables, self.plan.unflatten(full)):
             var.assign(tf.cast(value, var.dtype))
         self.exchange.add_round()
@@ -159,18 +197,119 @@ class ZeroOptimizer(DistributedOptimizer):
     # both go through `_save` / `_load`, so sharded state is consolidated wherever it lives.
     def _hook_inner_checkpoints(self) -> None:
         inner = self.inner_optimizer
+        # tf.train.Checkpoint: the sharded variables leave the wrapper's and the inner
+        # optimizer's object graphs and come back as one consolidated entry.
+        hide_from_checkpoints(inner, self.sharded_variables)
+        self.zero_state = ComputedCheckpointEntry(self._save_consolidated,
+                                                  self._load_consolidated)
+        if self.offloaded is not None:
+            object.__setattr__(inner, "save_own_variables", self._save_offloaded)
+            object.__setattr__(inner, "load_own_variables", self._load_offloaded)
+            return
         object.__setattr__(inner, "save_own_variables",
                            lambda store: self._save(inner.variables, store))
         object.__setattr__(inner, "load_own_variables",
                            lambda store: self._load(inner.variables, store))
 
+    # Offloaded, the inner optimizer's checkpoint has the layout it has on the device (its
+    # scalars, then each state slot consolidated), so either kind of checkpoint loads into
+    # either kind of ZeroOptimizer.
+    def _offloaded_layout(self) -> list:
+        """("scalar", inner variable) or ("slot", k), in the inner optimizer's variable order."""
+        updater = self.offloaded.updaters[0]
+        scalars = iter(self.inner_optimizer.variables)
+        slots = {id(v): k for k, v in enumerate(updater.slots)}
+        return [("slot", slots[id(v)]) if id(v) in slots else ("scalar", next(scalars))
+                for v in updater.optimizer.variables]
+
+    def _save_offloaded(self, store):
+        state = self.offloaded
+        self._check_holds_every_shard(state.replicas)
+        for i, (kind, item) in enumerate(self._offloaded_layout()):
+            store[str(i)] = (self.plan.consolidate([state.slot(r, item)
+                                                    for r in range(state.replicas)])
+                             if kind == "slot" else _replica_copies(item)[0].numpy())
+
+    def _load_offloaded(self, store):
+        state, layout = self.offloaded, self._offloaded_layout()
+        self._check_count(store, layout)
+        for i, (kind, item) in enumerate(layout):
+            value = np.asarray(store[str(i)])
+            if kind == "scalar":
+                for copy in _replica_copies(item):
+                    copy.assign(value)
+                continue
+            shards = self._local_shards(value, state.replicas)
+            for r, shard in enumerate(shards):
+                state.set_slot(r, item, shard)
+
+    def _check_holds_every_shard(self, held: int) -> None:
+        if held != self.plan.world_size:
+            raise NotImplementedError(
+                "ZeroOptimizer saves the consolidated state of every shard, which this "
+                f"process does not hold ({held} of {self.plan.world_size} "
+                "replicas): save from a single-process strategy (MirroredStrategy).")
+
+    def _local_shards(self, value, held: int) -> list:
+        shards = self.plan.split(value)
+        if held == 1 and self.plan.world_size > 1:  # one replica per process
+            return [shards[int(self._communicator().rank)]]
+        return shards
+
+    @staticmethod
+    def _check_count(store, variables) -> None:
+        keys = [k for k in store.keys() if not k.endswith(".replicas")]  # noqa: SIM118 (H5)
+        if len(keys) != len(variables):
+            raise ValueError(f"The checkpoint holds {len(keys)} optimizer variables where "
+                             f"{len(variables)} are expected (a different inner optimizer, "
+                             "stage or accumulation?).")
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if getattr(self, "plan", None) is None:
+            return children
+        cache = self.__dict__.setdefault("_checkpoint_lists", {})
+        return children_without(children, self.sharded_variables(), cache)
+
+    # tf.train.Checkpoint's entry: the inner optimizer's variables in the layout of its Keras
+    # checkpoint (scalars, then each state slot consolidated) and, stage 2, the gradient shard.
+    _GRADIENT_SHARD = "gradient_shard/"
+
+    def _save_consolidated(self) -> dict:
+        store: dict = {}
+        if self.offloaded is not None:
+            self._save_offloaded(store)
+        else:
+            self._save(self.inner_optimizer.variables, store)
+        if self.stage == 2 and self._accumulators:
+            gradient: dict = {}
+            self._save(self._accumulators, gradient)
+            store.update({self._GRADIENT_SHARD + k: v for k, v in gradient.items()})
+        return store
+
+    def _load_consolidated(self, store: dict) -> None:
+        prefix = self._GRADIENT_SHARD
+        inner = {k: v for k, v in store.items() if not k.startswith(prefix)}
+        if self.offloaded is not None:
+            self._load_offloaded(inner)
+        else:
+            self._load(self.inner_optimizer.variables, inner)
+        if self.stage == 2 and self._accumulators:
+            self._load(self._accumulators,
+                       {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)})
+
     def save_own_variables(self, store):
         """The wrapper's variables; sharded ones consolidated into their unsharded length-P
-        values, so a checkpoint loads with any number of replicas."""
-        self._save(self._variables, store)
+        values, so a checkpoint loads with any number of replicas. The parameter shard is not
+        state (it is read from the model at every step) and is left out, so checkpoints with
+        and without offload have one layout."""
+        self._save(self._checkpointed(), store)
 
     def load_own_variables(self, store):
-        self._load(self._variables, store)
+        self._load(self._checkpointed(), store)
+
+    def _checkpointed(self) -> list:
+        return [v for v in self._variables if v is not self._shard]
 
     def _save(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
@@ -178,11 +317,7 @@ class ZeroOptimizer(DistributedOptimizer):
         for i, var in enumerate(variables):
             copies = _replica_copies(var)
             if id(var) in sharded:
-                if len(copies) != self.plan.world_size:
-                    raise NotImplementedError(
-                        "ZeroOptimizer saves the consolidated state of every shard, which this "
-                        f"process does not hold ({len(copies)} of {self.plan.world_size} "
-                        "replicas): save from a single-process strategy (MirroredStrategy).")
+                self._check_holds_every_shard(len(copies))
                 store[str(i)] = self.plan.consolidate([c.numpy() for c in copies])
             else:
                 store[str(i)] = copies[0].numpy()
@@ -191,19 +326,12 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def _load(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
-        keys = [k for k in store.keys() if not k.endswith(".replicas")]  # noqa: SIM118 (H5)
-        if len(keys) != len(variables):
-            raise ValueError(f"The checkpoint holds {len(keys)} optimizer variables where "
-                             f"{len(variables)} are expected (a different inner optimizer, "
-                             "stage or accumulation?).")
+        self._check_count(store, variables)
         for i, var in enumerate(variables):
             value = np.asarray(store[str(i)])
             copies = _replica_copies(var)
             if id(var) in sharded:
-                shards = self.plan.split(value)
-                if len(copies) == 1 and self.plan.world_size > 1:  # one replica per process
-                    shards = [shards[int(self._communicator().rank)]]
-                for copy, shard in zip(copies, shards):
+                for copy, shard in zip(copies, self._local_shards(value, len(copies))):
                     copy.assign(shard)
                 continue
             key = f"{i}.replicas"
@@ -219,6 +347,7 @@ class ZeroOptimizer(DistributedOptimizer):
         return {"name": self.name,
                 "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "stage": self.stage, "accumulation_steps": self.accumulation_steps,
+                "offload": None if self.offload is None else self.offload.get_config(),
                 "verify_model": self.verify_model}
 
     @classmethod

@@ -29,6 +29,17 @@ def test_train_default_config_prints_accuracy_and_bytes(tmp_path):
     assert list((tmp_path / "tensorboard" / "comm").iterdir())
 
 
+def test_train_zero_config_keeps_the_optimizer_state_on_the_host(tmp_path):
+    out = _run(["train", "--config", "configs/zero.yaml", "--set", "train.epochs=2",
+                "--set", f"train.output_dir={tmp_path}", "--set", "train.verbose=0"])
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "ZeRO stage 2, offload cpu" in out.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    p = summary["trainable_parameters"]
+    assert summary["optimizer_state_bytes"] == {"host": 2 * 2 * 4 * (-(-p // 2))}  # m, v; 2 shards
+    assert summary["test_accuracy"] > 0.8
+
+
 def test_train_rejects_a_bad_config_before_training(tmp_path):
     out = _run(["train", "--set", "train.epochs=0", "--set", "optimizer.name=adagrad"])
     assert out.returncode == 2

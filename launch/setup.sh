@@ -32,6 +32,14 @@ fi
 echo "setup: installing tfdist${extras:+ [$extras]} (TensorFlow 2.21, Keras 3.15, ...)"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
 
+# The emulated-cluster tests need iproute2 (ip, tc); install it where we may.
+if [[ ",$extras," == *",dev,"* ]] && ! command -v tc >/dev/null && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null; then
+  echo "setup: installing iproute2 (network namespaces and tc for the emulated cluster)"
+  (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) \
+    || echo "setup: could not install iproute2; the emulated-cluster tests will be skipped" >&2
+fi
+
 if [ "$with_horovod" = 1 ]; then
   bash launch/build_horovod.sh "$VENV/bin/python"
 fi

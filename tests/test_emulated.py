@@ -1,0 +1,119 @@
+"""The emulated multi-host cluster: network namespaces on a bridge, links shaped by tc."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, worker_env
+from tfdist import emulated
+from tfdist.emulated import EmulatedCluster, parse_bandwidth, parse_delay
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="needs root and iproute2 (ip, tc)")
+
+THROUGHPUT = r"""
+import socket, sys, time
+role, addr = sys.argv[1], sys.argv[2]
+if role == "recv":
+    s = socket.socket()
+    s.bind((addr, 5001)); s.listen(1); c, _ = s.accept(); n, t0 = 0, None
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        t0 = t0 or time.time(); n += len(b)
+    print(n * 8 / (time.time() - t0) / 1e6)
+else:
+    s = socket.create_connection((addr, 5001)); end = time.time() + 2
+    while time.time() < end: s.sendall(b"x" * 65536)
+"""
+
+
+def test_units_are_required_and_parsed():
+    assert parse_bandwidth("100mbit") == 100_000_000
+    assert parse_bandwidth("10Gbit/s") == 10**10
+    assert parse_delay("0.5ms") == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="'100': give a number and a unit"):
+        parse_bandwidth("100")
+    with pytest.raises(ValueError, match="'5': give a number and a unit"):
+        parse_delay("5")
+
+
+@needs_netns
+def test_bad_input_fails_before_anything_is_created():
+    before = emulated.namespaces()
+    with pytest.raises(ValueError, match="hosts=1000"):
+        EmulatedCluster(1000, "1gbit")
+    with pytest.raises(ValueError, match="hosts=0"):
+        EmulatedCluster(0, "1gbit")
+    with pytest.raises(ValueError, match="bandwidth 'fast'"):
+        EmulatedCluster(2, "fast")
+    assert emulated.namespaces() == before
+
+
+@needs_netns
+def test_link_bandwidth_is_shaped_and_everything_is_removed():
+    with EmulatedCluster(2, "100mbit") as cluster:
+        names = [*cluster.namespaces, cluster.bridge_namespace]
+        assert set(names) <= set(emulated.namespaces())
+        recv = subprocess.Popen(cluster.command(1, [sys.executable, "-c", THROUGHPUT, "recv",
+                                                    cluster.addresses[1]]),
+                                stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        subprocess.run(cluster.command(0, [sys.executable, "-c", THROUGHPUT, "send",
+                                           cluster.addresses[1]]), timeout=30, check=True)
+        mbit = float(recv.communicate(timeout=30)[0])
+        # Hosts reach each other only through the shaped bridge, not the machine's network.
+        assert subprocess.run(cluster.command(0, ["ip", "-o", "addr"]), capture_output=True,
+                              text=True).stdout.count("inet ") == 2  # lo and eth0
+    assert 60 <= mbit <= 101, mbit
+    assert not set(names) & set(emulated.namespaces())
+
+
+@needs_netns
+def test_a_killed_owner_leaves_nothing_behind():
+    """SIGKILL the process holding a cluster with a worker running inside: its watchdog
+    removes the namespaces and the worker."""
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.emulated", "up", "--hosts", "2", "--bandwidth", "1gbit"],
+        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in owner.stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        ns = lines[0].split("ip netns exec ")[1].split()[0]
+        sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
+        time.sleep(0.5)
+        assert ns in emulated.namespaces()
+        owner.kill()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(
+                n.startswith(f"tfd-{owner.pid}-") for n in emulated.namespaces()):
+            time.sleep(0.2)
+        assert not [n for n in emulated.namespaces() if n.startswith(f"tfd-{owner.pid}-")]
+        assert sleeper.wait(10) == -signal.SIGKILL
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+        emulated.sweep()
+
+
+@needs_netns
+def test_tf_config_workers_all_reduce_across_emulated_hosts():
+    code = ("import tensorflow as tf\n"
+            "s = tf.distribute.MultiWorkerMirroredStrategy()\n"
+            "v = s.run(lambda: tf.distribute.get_replica_context().all_reduce('sum', "
+            "tf.ones([1000])))\n"
+            "print('SUM', float(s.experimental_local_results(v)[0][0]))\n")
+    with EmulatedCluster(2, "1gbit") as cluster:
+        results = cluster.run_workers([sys.executable, "-c", code], timeout=120,
+                                      env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
+    assert all("SUM 2.0" in r.output for r in results)

@@ -304,10 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (ns, address) in enumerate(zip(cluster.namespaces, cluster.addresses)):
             print(f"host {i}: {address} (ip netns exec {ns} ...)")
         print(f"ready: {args.hosts} hosts, {args.bandwidth} links", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             time.sleep(args.hold if args.hold is not None else 10**9)
-        except KeyboardInterrupt:
-            pass
     return 0
 
 

@@ -90,24 +90,6 @@ class Offload:
                 "budget_bytes": self.budget_bytes, "measure_resident": self.measure_resident}
 
 
-class _RamStore:
-    """State slots of one replica's shard as arrays in host memory."""
-
-    def __init__(self, slots: int, size: int):
-        self.arrays = [np.zeros(size, np.float32) for _ in range(slots)]
-        self.nbytes = slots * size * _F32
-
-    @contextlib.contextmanager
-    def window(self, start: int, stop: int):
-        yield [a[start:stop] for a in self.arrays]
-
-    def read(self, slot: int) -> np.ndarray:
-        return self.arrays[slot].copy()
-
-    def write(self, slot: int, value: np.ndarray) -> None:
-        self.arrays[slot][:] = value
-
-
 class _DiskStore:
     """State slots of one replica's shard in files, mapped a window at a time."""
 
@@ -167,21 +149,44 @@ def _remove(paths: list[str]) -> None:
             os.remove(path)
 
 
+def _clone(inner):
+    """A fresh optimizer like `inner` (its learning rate is set at every step)."""
+    config = inner.get_config()
+    config["learning_rate"] = 0.0
+    return type(inner).from_config(config)
+
+
+class _VariableStore:
+    """offload="cpu": the state is the host optimizer's own slot variables (one chunk is the
+    whole shard), so nothing is copied in and out."""
+
+    def __init__(self, slots: list):
+        self.slots = slots
+        self.nbytes = sum(int(v.shape.num_elements()) * _F32 for v in slots)
+
+    @contextlib.contextmanager
+    def window(self, start: int, stop: int):
+        yield None
+
+    def read(self, slot: int) -> np.ndarray:
+        return self.slots[slot].numpy()
+
+    def write(self, slot: int, value: np.ndarray) -> None:
+        self.slots[slot].assign(value)
+
+
 class _ShardUpdater:
     """The inner optimizer's update of one replica's shard, on the host, chunk by chunk."""
 
     def __init__(self, inner, size: int, chunk: int, store_factory, host: str):
         self.size, self.chunk, self.host = size, chunk, host
-        config = inner.get_config()
-        config["learning_rate"] = 0.0  # set from the device-side optimizer at every step
         with tf.device(host):
-            self.optimizer = type(inner).from_config(config)
+            self.optimizer = _clone(inner)
             disable_gradient_all_reduce(self.optimizer)
             self.param = tf.Variable(tf.zeros([chunk]), name="zero_offload_chunk")
             self.optimizer.build([self.param])
         self.slots = [v for v in self.optimizer.variables if tuple(v.shape) == (chunk,)]
-        self.scalars = [v for v in self.optimizer.variables if tuple(v.shape) != (chunk,)]
-        self.store = store_factory(len(self.slots))
+        self.store = store_factory(self.slots)
 
     def step(self, iteration, learning_rate, grad: np.ndarray, param: np.ndarray) -> np.ndarray:
         out = np.empty_like(param)
@@ -189,14 +194,14 @@ class _ShardUpdater:
             self.optimizer.learning_rate = float(learning_rate)
             for start in range(0, self.size, self.chunk):
                 stop = min(start + self.chunk, self.size)
-                with self.store.window(start, stop) as state:
-                    for var, value in zip(self.slots, state):
+                with self.store.window(start, stop) as state:  # None: state in the slots
+                    for var, value in zip(self.slots, state or ()):
                         var.assign(self._pad(value))
                     self.param.assign(self._pad(param[start:stop]))
                     self.optimizer.iterations.assign(iteration)
                     self.optimizer.apply([tf.constant(self._pad(grad[start:stop]))],
                                          [self.param])
-                    for var, value in zip(self.slots, state):
+                    for var, value in zip(self.slots, state or ()):
                         value[:] = var.numpy()[:stop - start]
                 out[start:stop] = self.param.numpy()[:stop - start]
         return out
@@ -224,14 +229,14 @@ class OffloadedState:
         self.directory = directory
         self._pools = [concurrent.futures.ThreadPoolExecutor(1, f"tfdist-zero-offload-{r}")
                        for r in range(replicas)]
-        self._num_slots = self._on(0, _count_slots, inner)
+        self._num_slots = self._on(0, _count_slots, inner) if offload.kind == "disk" else 0
         self.updaters = [self._on(r, self._make_updater, inner, r) for r in range(replicas)]
         weakref.finalize(self, _shutdown, list(self._pools))
 
     def _make_updater(self, inner, replica: int) -> _ShardUpdater:
         kind, size = self.offload.kind, self.size
         if kind == "cpu":
-            return _ShardUpdater(inner, size, size, lambda k: _RamStore(k, size), self.host)
+            return _ShardUpdater(inner, size, size, _VariableStore, self.host)
         slots = self._num_slots
         chunk = self.offload.budget_bytes // (2 * _F32 * max(slots, 1))
         page = mmap.PAGESIZE // _F32
@@ -244,7 +249,8 @@ class OffloadedState:
         tag, directory = f"{os.getpid()}-{id(self)}-{replica}", str(self.directory)
         return _ShardUpdater(
             inner, size, chunk,
-            lambda k: _DiskStore(k, size, directory, tag, self.offload.measure_resident),
+            lambda slots: _DiskStore(len(slots), size, directory, tag,
+                                     self.offload.measure_resident),
             self.host)
 
     def _on(self, replica: int, fn, *args):
@@ -267,10 +273,6 @@ class OffloadedState:
                         grad, param)
 
     # -- checkpoints and accounting --------------------------------------------------------------
-    @property
-    def num_slots(self) -> int:
-        return len(self.updaters[0].slots)
-
     def slot(self, replica: int, k: int) -> np.ndarray:
         return self.updaters[replica].store.read(k)
 
@@ -294,9 +296,7 @@ class OffloadedState:
 
 def _count_slots(inner) -> int:
     """How many per-element state slots the inner optimizer keeps for one variable."""
-    config = inner.get_config()
-    config["learning_rate"] = 0.0
-    probe = type(inner).from_config(config)
+    probe = _clone(inner)
     probe.build([keras.Variable(np.zeros(3, np.float32))])
     return sum(tuple(v.shape) == (3,) for v in probe.variables)
 

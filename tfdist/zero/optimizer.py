@@ -25,11 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
-from tfdist.strategies._tf_hooks import (
-    ComputedCheckpointEntry,
-    children_without,
-    hide_from_checkpoints,
-)
+from tfdist.strategies._tf_hooks import ComputedCheckpointEntry, hide_from_checkpoints
 from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
 
@@ -199,17 +195,24 @@ class ZeroOptimizer(DistributedOptimizer):
         inner = self.inner_optimizer
         # tf.train.Checkpoint: the sharded variables leave the wrapper's and the inner
         # optimizer's object graphs and come back as one consolidated entry.
+        hide_from_checkpoints(self, self.sharded_variables)
         hide_from_checkpoints(inner, self.sharded_variables)
         self.zero_state = ComputedCheckpointEntry(self._save_consolidated,
                                                   self._load_consolidated)
+        object.__setattr__(inner, "save_own_variables", self._save_inner)
+        object.__setattr__(inner, "load_own_variables", self._load_inner)
+
+    def _save_inner(self, store):
         if self.offloaded is not None:
-            object.__setattr__(inner, "save_own_variables", self._save_offloaded)
-            object.__setattr__(inner, "load_own_variables", self._load_offloaded)
-            return
-        object.__setattr__(inner, "save_own_variables",
-                           lambda store: self._save(inner.variables, store))
-        object.__setattr__(inner, "load_own_variables",
-                           lambda store: self._load(inner.variables, store))
+            self._save_offloaded(store)
+        else:
+            self._save(self.inner_optimizer.variables, store)
+
+    def _load_inner(self, store):
+        if self.offloaded is not None:
+            self._load_offloaded(store)
+        else:
+            self._load(self.inner_optimizer.variables, store)
 
     # Offloaded, the inner optimizer's checkpoint has the layout it has on the device (its
     # scalars, then each state slot consolidated), so either kind of checkpoint loads into
@@ -264,23 +267,13 @@ class ZeroOptimizer(DistributedOptimizer):
                              f"{len(variables)} are expected (a different inner optimizer, "
                              "stage or accumulation?).")
 
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        children = super()._trackable_children(save_type, **kwargs)
-        if getattr(self, "plan", None) is None:
-            return children
-        cache = self.__dict__.setdefault("_checkpoint_lists", {})
-        return children_without(children, self.sharded_variables(), cache)
-
     # tf.train.Checkpoint's entry: the inner optimizer's variables in the layout of its Keras
     # checkpoint (scalars, then each state slot consolidated) and, stage 2, the gradient shard.
     _GRADIENT_SHARD = "gradient_shard/"
 
     def _save_consolidated(self) -> dict:
         store: dict = {}
-        if self.offloaded is not None:
-            self._save_offloaded(store)
-        else:
-            self._save(self.inner_optimizer.variables, store)
+        self._save_inner(store)
         if self.stage == 2 and self._accumulators:
             gradient: dict = {}
             self._save(self._accumulators, gradient)
@@ -289,11 +282,7 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def _load_consolidated(self, store: dict) -> None:
         prefix = self._GRADIENT_SHARD
-        inner = {k: v for k, v in store.items() if not k.startswith(prefix)}
-        if self.offloaded is not None:
-            self._load_offloaded(inner)
-        else:
-            self._load(self.inner_optimizer.variables, inner)
+        self._load_inner({k: v for k, v in store.items() if not k.startswith(prefix)})
         if self.stage == 2 and self._accumulators:
             self._load(self._accumulators,
                        {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)})

@@ -163,6 +163,9 @@ def test_disk_offload_keeps_resident_state_within_the_budget(mirrored, tmp_path)
     per_replica = state.stored_bytes() // 2
     assert per_replica == 2 * 4 * model.optimizer.plan.shard_size > 4 * budget  # on disk
     peak = state.peak_resident_bytes  # resident pages of the files, from /proc/self/smaps
+    print(f"\ndisk offload: {model.count_params():,} parameters, {per_replica:,} bytes of state "
+          f"per replica on disk, budget {budget:,}: peak resident {peak:,}, working copy "
+          f"{state.working_bytes() // 2:,}")
     assert 0 < peak <= budget // 2
     assert peak + state.working_bytes() // 2 <= budget
 

@@ -110,3 +110,17 @@ def test_checkpoint_hooks_hide_objects_and_compute_an_entry(tmp_path):
     tf.train.Checkpoint(m=module).restore(path).assert_existing_objects_matched()
     assert float(module.kept.numpy()) == 1.0
     assert restored["whole"].tolist() == [4.0, 5.0, 6.0]
+
+
+def test_executed_devices_reports_the_device_each_node_ran_on():
+    def f(x):
+        with tf.device("/cpu:0"):
+            a = tf.matmul(x, x, name="on_zero")
+        with tf.device("/cpu:1"):
+            return tf.matmul(a, x, name="on_one")
+
+    x = tf.ones((4, 4))
+    placed = _tf_hooks.executed_devices(f, x)
+    assert placed["on_zero"][0].endswith("CPU:0")
+    assert placed["on_one"][0].endswith("CPU:1")
+    assert "MatMul" in placed["on_one"][1]

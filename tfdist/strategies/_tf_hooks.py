@@ -83,3 +83,25 @@ def hide_from_checkpoints(trackable, hidden) -> None:
     object.__setattr__(trackable, "_trackable_children",
                        lambda *args, **kwargs: children_without(original(*args, **kwargs),
                                                                 hidden(), cache))
+
+
+# -- where a tf.function's nodes actually ran ------------------------------------------------------
+def executed_devices(python_function, *args) -> dict[str, tuple[str, str]]:
+    """Runs `python_function(*args)` as a new `tf.function` once and returns {node name:
+    (device, op type)} for every node of the graphs the runtime partitioned and ran (the devices
+    it assigned, not the ones asked for). Uses the eager context's run metadata, which has no
+    public API and reports a function's graphs only when it is instantiated, hence the new
+    tf.function."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        tf.function(python_function)(*args)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    return {node.name: (node.device, node.op)
+            for graph in metadata.function_graphs
+            for partition in graph.partition_graphs
+            for node in partition.node}

@@ -1,0 +1,187 @@
+"""Operator-level model parallelism: one Dense layer's kernel split over devices (Megatron-LM).
+
+`ColumnParallelDense` splits the kernel by output units: device d computes `x @ W[:, d-th
+block] + b[d-th block]` (and the activation), and the blocks are concatenated, or handed on
+unconcatenated with `gather_output=False`. `RowParallelDense` splits the kernel by input features:
+device d multiplies its slice of the input by its block of rows, and the partial products are
+summed before the bias and the activation. A column layer with `gather_output=False` followed by
+a row layer with `input_is_parallel=True` is Megatron's MLP: one sum per pair, no gather between.
+
+Each device's forward and backward kernels run on that device (`on_device`); a layer with n
+devices holds n kernel blocks, each where it is used.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tfdist.pipeline.pipeline import default_devices
+
+__all__ = ["ColumnParallelDense", "RowParallelDense", "on_device"]
+
+
+def on_device(device: str, fn, *tensors):
+    """`fn(*tensors)` with its forward and its gradient ops on `device` (a plain `tf.device`
+    places only the forward)."""
+
+    @tf.custom_gradient
+    def placed(*xs):
+        with tf.device(device), tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = fn(*xs)
+
+        def grad(dy):
+            with tf.device(device):
+                return tape.gradient(y, list(xs), output_gradients=dy)
+
+        return y, grad
+
+    return placed(*tensors)
+
+
+class _Parallel(keras.layers.Layer):
+    def __init__(self, units: int, devices=None, activation=None, use_bias: bool = True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(units, int) or units < 1:
+            raise ValueError(f"units must be a positive integer, got {units!r}.")
+        self.units = units
+        self.devices = [str(d) for d in (devices or default_devices(2))]
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_jit = False  # XLA would compile every block onto one device
+
+    def _blocks(self, full_shape, axis: int) -> list:
+        """One kernel block per device, initialized as slices of one full kernel."""
+        n = len(self.devices)
+        full = self.kernel_initializer(full_shape)
+        size = full_shape[axis] // n
+        blocks = []
+        for d, device in enumerate(self.devices):
+            block = full[:, d * size:(d + 1) * size] if axis == 1 else full[d * size:(d + 1) * size]
+            with tf.device(device):
+                blocks.append(self.add_weight(
+                    name=f"kernel_{d}", shape=tuple(block.shape),
+                    initializer=lambda shape, dtype=None, block=block: tf.cast(block, dtype)))
+        return blocks
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "devices": list(self.devices),
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer)}
+
+
+def _indivisible(what: str, value: int, n: int, devices) -> ValueError:
+    return ValueError(f"{what}={value} is not divisible by the {n} devices {devices}: use a "
+                      f"multiple of {n}, or {n}'s divisor as the number of devices.")
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class ColumnParallelDense(_Parallel):
+    """Dense with the kernel's output units split over `devices`."""
+
+    def __init__(self, units: int, devices=None, gather_output: bool = True, **kwargs):
+        super().__init__(units, devices, **kwargs)
+        self.gather_output = gather_output
+        n = len(self.devices)
+        if units % n:
+            raise _indivisible("units", units, n, self.devices)
+
+    def build(self, input_shape):
+        n = len(self.devices)
+        self.kernels = self._blocks((input_shape[-1], self.units), axis=1)
+        self.biases = []
+        if self.use_bias:
+            for d, device in enumerate(self.devices):
+                with tf.device(device):
+                    self.biases.append(self.add_weight(
+                        name=f"bias_{d}", shape=(self.units // n,),
+                        initializer=self.bias_initializer))
+
+    def call(self, inputs):
+        outs = []
+        for d, device in enumerate(self.devices):
+            def block(x, kernel, *bias):
+                y = tf.matmul(x, kernel)
+                return self.activation(y + bias[0] if bias else y)
+            bias = [self.biases[d].value] if self.use_bias else []
+            outs.append(on_device(device, block, inputs, self.kernels[d].value, *bias))
+        if not self.gather_output:
+            return outs
+        with tf.device(self.devices[0]):
+            return tf.concat(outs, axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        n = len(self.devices)
+        if self.gather_output:
+            return (*input_shape[:-1], self.units)
+        return [(*input_shape[:-1], self.units // n)] * n
+
+    def load_dense(self, kernel, bias=None) -> None:
+        """Sets the blocks from a full Dense kernel and bias (`dense.get_weights()`)."""
+        for d, block in enumerate(tf.split(kernel, len(self.devices), axis=1)):
+            self.kernels[d].assign(block)
+        if bias is not None and self.use_bias:
+            for d, block in enumerate(tf.split(bias, len(self.devices))):
+                self.biases[d].assign(block)
+
+    def get_config(self):
+        return {**super().get_config(), "gather_output": self.gather_output}
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class RowParallelDense(_Parallel):
+    """Dense with the kernel's input features split over `devices`; takes a whole input, or
+    the per-device list a `ColumnParallelDense(gather_output=False)` hands on."""
+
+    def __init__(self, units: int, devices=None, input_is_parallel: bool = False, **kwargs):
+        super().__init__(units, devices, **kwargs)
+        self.input_is_parallel = input_is_parallel
+
+    def build(self, input_shape):
+        n = len(self.devices)
+        if self.input_is_parallel:
+            if len(input_shape) != n:
+                raise ValueError(f"RowParallelDense(input_is_parallel=True) on {n} devices got "
+                                 f"{len(input_shape)} inputs: give one input per device.")
+            features = sum(shape[-1] for shape in input_shape)
+        else:
+            features = input_shape[-1]
+            if features % n:
+                raise _indivisible("input features", features, n, self.devices)
+        self.kernels = self._blocks((features, self.units), axis=0)
+        if self.use_bias:
+            with tf.device(self.devices[0]):
+                self.bias = self.add_weight(name="bias", shape=(self.units,),
+                                            initializer=self.bias_initializer)
+
+    def call(self, inputs):
+        n = len(self.devices)
+        parts = list(inputs) if self.input_is_parallel else None
+        if parts is None:
+            with tf.device(self.devices[0]):
+                parts = tf.split(inputs, n, axis=-1)
+        partial = [on_device(device, tf.matmul, parts[d], self.kernels[d].value)
+                   for d, device in enumerate(self.devices)]
+        with tf.device(self.devices[0]):
+            y = tf.add_n(partial)
+            return self.activation(y + self.bias if self.use_bias else y)
+
+    def compute_output_shape(self, input_shape):
+        shape = input_shape[0] if self.input_is_parallel else input_shape
+        return (*shape[:-1], self.units)
+
+    def load_dense(self, kernel, bias=None) -> None:
+        """Sets the blocks from a full Dense kernel and bias (`dense.get_weights()`)."""
+        for d, block in enumerate(tf.split(kernel, len(self.devices), axis=0)):
+            self.kernels[d].assign(block)
+        if bias is not None and self.use_bias:
+            self.bias.assign(bias)
+
+    def get_config(self):
+        return {**super().get_config(), "input_is_parallel": self.input_is_parallel}

@@ -284,3 +284,21 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, 
     assert stats["rounds"] == 20
     assert stats["bytes_sent"] == pytest.approx(20 * (ring_bytes("reduce_scatter", 8 * shard, 2)
                                                       + ring_bytes("all_gather", 4 * shard, 2)))
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.parametrize(("kind", "schedule"), [("layer", "gpipe"), ("model", "1f1b")])
+def test_pipeline_in_each_of_two_horovod_ranks(tmp_path, kind, schedule):
+    """Hybrid parallelism: 2 horovodrun ranks x a 2-stage pipeline over 2 logical devices each.
+    The ranks end identical, and equal to one pipeline trained on the global batch."""
+    import sys
+
+    worker = [sys.executable, f"{ROOT}/tests/workers/pipeline_worker.py", "--out", str(tmp_path),
+              "--kind", kind, "--schedule", schedule, "--steps", "8"]
+    result = run_horovod(worker, 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    reference = common.train_pipelined("local", kind, 8, 32, schedule)
+    common.assert_weights_close(w0, common.weights(reference), rtol=1e-5, atol=1e-6)

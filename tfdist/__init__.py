@@ -5,7 +5,7 @@ Two engines share one algorithm core: the tf.distribute engine (strategies, and 
 (`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
 """
 
-from tfdist import averaging, callbacks, comm, compression, data, zero
+from tfdist import averaging, callbacks, comm, compression, data, pipeline, zero
 from tfdist.optimizers import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.strategies import (
@@ -34,5 +34,6 @@ __all__ = [
     "comm",
     "compression",
     "data",
+    "pipeline",
     "zero",
 ]

@@ -91,3 +91,41 @@ def assert_weights_close(a, b, rtol=1e-5, atol=1e-6) -> None:
 
 def cpu_devices(n: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
+
+
+def make_pipelined_model(kind: str, devices: list[str], schedule: str = "gpipe") -> keras.Model:
+    """The digits MLP cut into two stages: as a `Pipeline` layer in a Sequential ("layer") or as
+    a `PipelineModel` with the loss on the last stage ("model")."""
+    from tfdist.pipeline import Pipeline, PipelineModel
+
+    keras.utils.set_random_seed(SEED)
+    stages = [[keras.layers.Flatten(), keras.layers.Dense(64, activation="relu")],
+              [keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]]
+    pipe = Pipeline(stages, devices=devices, num_microbatches=4, schedule=schedule)
+    if kind == "model":
+        return PipelineModel(pipe, input_shape=(8, 8, 1))
+    return keras.Sequential([keras.Input((8, 8, 1)), pipe])
+
+
+def train_pipelined(engine: str, kind: str, steps: int, global_batch: int,
+                    schedule: str = "gpipe") -> keras.Model:
+    """Trains the pipelined digits MLP over 2 devices: on one process with the global batch
+    ("local"), or one pipeline per Horovod rank, each on its slice of the global batch."""
+    from tfdist.pipeline import place_slots
+
+    x, y = load_digits()
+    model = make_pipelined_model(kind, cpu_devices(2), schedule)
+    optimizer = place_slots(make_inner_optimizer("sgd"))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    callbacks = []
+    data = global_batches(x, y, global_batch, shuffle=False)
+    if engine == "horovod":
+        import tfdist.horovod as thvd
+
+        thvd.init()
+        optimizer = thvd.DistributedOptimizer(optimizer)
+        data = shard_batches(data, thvd.rank(), thvd.size())
+        callbacks = [thvd.callbacks.BroadcastGlobalVariables(0)]
+    model.compile(optimizer=optimizer, loss=loss)
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+    return model

@@ -503,15 +503,20 @@ class PipelineModel(keras.Model):
     `fit` runs the pipeline's schedule with forwards and backwards interleaved (so "1f1b" bounds
     the activations each stage keeps by the number of stages), takes the compiled loss per
     micro-batch (their mean is the batch's mean loss) and applies the summed gradients once per
-    batch. `compile` places the optimizer's slots on their variables' devices. `predict` and
+    batch. Give `input_shape` (without the batch axis) to build it at once, as callbacks that
+    read the variables when training begins need (e.g. Horovod's broadcast); otherwise it is built
+    by the first step. `compile` places the optimizer's slots on their variables' devices. `predict` and
     `evaluate` run the pipeline forward. Layer losses (`add_loss`) are not supported here."""
 
-    def __init__(self, pipeline: Pipeline, **kwargs):
+    def __init__(self, pipeline: Pipeline, input_shape=None, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"PipelineModel wraps a tfdist.pipeline.Pipeline, got {pipeline!r}.")
         self.pipeline = pipeline
         self.loss_mean = keras.metrics.Mean(name="loss")
+        self.input_shape_ = None if input_shape is None else tuple(input_shape)
+        if self.input_shape_ is not None:  # built now, so callbacks see every variable
+            self.build((None, *self.input_shape_))
 
     def build(self, input_shape):
         if not self.pipeline.built:
@@ -546,7 +551,8 @@ class PipelineModel(keras.Model):
         return {**metrics, "loss": self.loss_mean.result()}
 
     def get_config(self):
-        return {**super().get_config(), "pipeline": keras.saving.serialize_keras_object(self.pipeline)}
+        return {**super().get_config(), "input_shape": self.input_shape_,
+                "pipeline": keras.saving.serialize_keras_object(self.pipeline)}
 
     @classmethod
     def from_config(cls, config):

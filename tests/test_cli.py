@@ -99,3 +99,20 @@ def test_bench_engines_writes_table_and_json(tmp_path):
         assert row["bytes_per_step"] == pytest.approx(4 * params)  # 2 workers: 2(N-1)/N = 1
     table = (tmp_path / "engines.md").read_text()
     assert table.count("\n| ") == len(engines) + 1 and "ratio vs baseline" in table
+
+
+def test_bench_pipeline_quick_writes_measured_table(tmp_path):
+    out = _run(["bench", "--suite", "pipeline", "--quick", "--out", str(tmp_path)], timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = json.loads((tmp_path / "pipeline.json").read_text())["rows"]
+    assert [(r["schedule"], r["k"]) for r in rows] == [
+        ("one device", 1), ("gpipe", 2), ("1f1b", 2), ("gpipe", 4), ("1f1b", 4)]
+    for r in rows[1:]:
+        assert len(r["idle"]) == r["k"] and all(0 <= f < 1 for f in r["idle"])
+        assert r["bubble"] == pytest.approx((r["k"] - 1) / (r["m"] + r["k"] - 1))
+        expected = [r["m"]] * r["k"] if r["schedule"] == "gpipe" else \
+            [min(r["k"] - j, r["m"]) for j in range(r["k"])]
+        assert r["microbatches_kept"] == expected
+        assert all(a < b for a, b in zip(r["activation_bytes_remat"],
+                                          r["activation_bytes_no_remat"]))
+    assert "| gpipe | 4 | 4 |" in (tmp_path / "pipeline.md").read_text()

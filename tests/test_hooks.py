@@ -124,3 +124,18 @@ def test_executed_devices_reports_the_device_each_node_ran_on():
     assert placed["on_zero"][0].endswith("CPU:0")
     assert placed["on_one"][0].endswith("CPU:1")
     assert "MatMul" in placed["on_one"][1]
+
+
+def test_profile_op_intervals_times_each_executed_node(tmp_path):
+    x = tf.ones((256, 256))
+
+    @tf.function
+    def f():
+        a = tf.matmul(x, x, name="first")
+        return tf.matmul(a, x, name="second")
+
+    f()
+    intervals = {name: (start, end) for name, start, end in
+                 _tf_hooks.profile_op_intervals(f, str(tmp_path))}
+    assert intervals["first"][1] > intervals["first"][0]
+    assert intervals["second"][0] >= intervals["first"][1]  # the second waits for the first

@@ -480,3 +480,14 @@ def test_tensor_parallel_bad_input():
         ColumnParallelDense(10, cpu_devices(4))
     with pytest.raises(ValueError, match=r"input features=6 is not divisible by the 4 devices"):
         RowParallelDense(3, cpu_devices(4)).build((2, 6))
+
+
+def test_stage_idle_fractions_from_op_intervals():
+    from tfdist.pipeline.measure import stage_idle_fractions
+
+    intervals = [("stage0/F0/dense/MatMul", 0, 10), ("stage0/F1/dense/MatMul", 5, 20),
+                 ("gradient_tape/stage1/F0/dense/MatMul", 20, 30), ("stage1/B0/x", 35, 40),
+                 ("unrelated", 0, 1000)]
+    assert stage_idle_fractions(intervals, 2) == pytest.approx([0.5, 0.625])
+    with pytest.raises(RuntimeError, match="no op of some stage"):
+        stage_idle_fractions(intervals[:2], 2)

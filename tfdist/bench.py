@@ -362,7 +362,15 @@ def _memory_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-SUITES = ("engines", "compression", "local_sgd", "memory")
+def _pipeline_rows(quick: bool) -> list[dict]:
+    from tfdist.pipeline.measure import pipeline_rows
+    from tfdist.runner import configure_devices
+
+    return pipeline_rows(configure_devices(4), quick,
+                         progress=lambda line: print(line, flush=True))
+
+
+SUITES = ("engines", "compression", "local_sgd", "memory", "pipeline")
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
@@ -377,7 +385,16 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
     meta: dict = {}
-    if suite == "memory":
+    if suite == "pipeline":
+        from tfdist.pipeline import measure
+
+        print("bench: pipeline: MLP of "
+              f"{measure.LAYERS} Dense({measure.WIDTH}) layers, batch {measure.BATCH}", flush=True)
+        rows = _pipeline_rows(quick)
+        table = measure.pipeline_table(rows)
+        meta = {"model": f"{measure.LAYERS} x Dense({measure.WIDTH})", "batch": measure.BATCH,
+                "remat_timed": "except_last"}
+    elif suite == "memory":
         print(f"bench: memory: Adam on the {MODEL} MLP, N = {MEMORY_DEVICES}", flush=True)
         rows = _memory_rows()
         table = _memory_table(rows)

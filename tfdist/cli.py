@@ -1,7 +1,7 @@
 """The `tfdist` command.
 
     tfdist train --config configs/default.yaml [--set train.epochs=3 ...]
-    tfdist bench --suite engines|compression|local_sgd|memory [--quick]
+    tfdist bench --suite engines|compression|local_sgd|memory|pipeline [--quick]
     tfdist info
 """
 
@@ -18,7 +18,7 @@ COMMANDS = ("train", "bench", "info")
 flags.DEFINE_string("config", None, "Path to a YAML config (see configs/).")
 flags.DEFINE_multi_string("set", [], "Override a config value: --set section.key=value "
                           "(repeatable), e.g. --set train.epochs=3.")
-flags.DEFINE_enum("suite", "engines", ["engines", "compression", "local_sgd", "memory"],
+flags.DEFINE_enum("suite", "engines", ["engines", "compression", "local_sgd", "memory", "pipeline"],
                   "Benchmark suite to run.")
 flags.DEFINE_bool("quick", False, "Benchmark: fewer steps and repeats.")
 flags.DEFINE_integer("steps", None, "Benchmark: timed steps per repeat.")

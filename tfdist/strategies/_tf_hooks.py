@@ -105,3 +105,37 @@ def executed_devices(python_function, *args) -> dict[str, tuple[str, str]]:
             for graph in metadata.function_graphs
             for partition in graph.partition_graphs
             for node in partition.node}
+
+
+# -- when each op ran ----------------------------------------------------------------------------
+def profile_op_intervals(function, logdir: str) -> list[tuple[str, int, int]]:
+    """Runs `function()` under the TensorFlow profiler and returns (node name, start ns, end ns)
+    for every op kernel executed, read from the XSpace the profiler writes under `logdir` (its
+    proto module is not part of the public API)."""
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    tf.profiler.experimental.start(logdir)
+    try:
+        function()
+    finally:
+        tf.profiler.experimental.stop()
+    paths = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
+    if not paths:
+        raise RuntimeError(f"The TensorFlow profiler wrote no trace under {logdir}.")
+    space = xplane_pb2.XSpace()
+    with open(paths[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    out = []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            for event in line.events:
+                name = names[event.metadata_id].name
+                if ":" not in name:  # op kernels are "node name:op type"
+                    continue
+                start = (base + event.offset_ps) // 1000
+                out.append((name.split(":", 1)[0], start, start + event.duration_ps // 1000))
+    return out

@@ -47,11 +47,12 @@ def stage_idle_fractions(intervals, k: int) -> list[float]:
     last = max(e for stage in spans for _, e in stage)
     fractions = []
     for stage in spans:
-        busy, current_start, current_end = 0, None, None
-        for start, end in sorted(stage):
-            if current_end is None or start > current_end:
-                if current_end is not None:
-                    busy += current_end - current_start
+        busy = 0
+        ordered = sorted(stage)
+        current_start, current_end = ordered[0]
+        for start, end in ordered[1:]:  # union of the stage's intervals
+            if start > current_end:
+                busy += current_end - current_start
                 current_start, current_end = start, end
             else:
                 current_end = max(current_end, end)

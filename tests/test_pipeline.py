@@ -491,3 +491,16 @@ def test_stage_idle_fractions_from_op_intervals():
     assert stage_idle_fractions(intervals, 2) == pytest.approx([0.5, 0.625])
     with pytest.raises(RuntimeError, match="no op of some stage"):
         stage_idle_fractions(intervals[:2], 2)
+
+
+def test_pipeline_from_a_sequential_model_and_split_points():
+    x, y = _data()
+    layers, _ = _layers(2)
+    model = keras.Sequential([keras.Input((5,)), *layers])
+    expected = model(x)
+    sizes = balance_by_size(model.layers, 2)
+    pipe = Pipeline.from_sequential(model, sizes, devices=cpu_devices(2), num_microbatches=4)
+    assert [len(s) for s in pipe.stages] == sizes and pipe.stages[0][0] is model.layers[0]
+    _close([pipe(x)], [expected])
+    with pytest.raises(TypeError, match="takes a keras.Sequential"):
+        Pipeline.from_sequential(keras.Model(model.inputs, model.outputs), sizes)

@@ -155,6 +155,18 @@ class Pipeline(keras.layers.Layer):
         self.stats: PipelineStats | None = None
         self.supports_jit = False  # XLA would compile every stage onto one device
 
+    @classmethod
+    def from_sequential(cls, model: keras.Sequential, balance, **kwargs) -> Pipeline:
+        """A Pipeline of a Sequential model's layers cut into stages of `balance` layers each
+        (e.g. from `balance_by_size(model.layers, k)`); the layers, weights included, are
+        shared with the model."""
+        from tfdist.pipeline.balance import split
+
+        if not isinstance(model, keras.Sequential):
+            raise TypeError(f"from_sequential takes a keras.Sequential, got {type(model).__name__}"
+                            "; pass stages=[[...], ...] for other models.")
+        return cls(split(model.layers, balance), **kwargs)
+
     # -- structure ----------------------------------------------------------------------------
     @property
     def num_stages(self) -> int:

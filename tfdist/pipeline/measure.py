@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.pipeline.pipeline import Pipeline
+from tfdist.pipeline.pipeline import Pipeline, place_slots
 from tfdist.pipeline.schedule import bubble_fraction
 
 __all__ = ["stage_idle_fractions", "pipeline_rows", "pipeline_table"]
@@ -109,8 +109,6 @@ def _baseline_step(device: str):
 
 
 def _pipeline_step(devices, m: int, schedule: str, remat: str):
-    from tfdist.pipeline.pipeline import place_slots
-
     x, y = _data()
     layers = _layers()
     per = LAYERS // len(devices)

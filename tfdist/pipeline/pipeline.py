@@ -364,6 +364,14 @@ class _Run:
                 collect.append(x)
         return x, {name: local[name] for name in self.pipe.routes.outgoing[j]}
 
+    def _taped_stage(self, j, x, skips_in, collect=None):
+        """Stage j on (x, skips_in) under a tape that also watches its floating inputs."""
+        tape = tf.GradientTape()
+        with tape:
+            tape.watch([t for t in (x, *skips_in.values()) if t.dtype.is_floating])
+            y, skips_out = self._run_stage(j, x, skips_in, collect=collect)
+        return tape, y, skips_out
+
     # -- tasks --------------------------------------------------------------------------------
     def forward(self, i: int, j: int):
         x = self.xs[i] if j == 0 else self.acts.pop((i, j - 1))
@@ -377,11 +385,8 @@ class _Run:
                 saved = _Saved(x, skips_in, state=state)
                 saved.nbytes = _nbytes([x, *skips_in.values()])
             else:
-                tape = tf.GradientTape()
                 activations: list = []
-                with tape:
-                    tape.watch([t for t in (x, *skips_in.values()) if t.dtype.is_floating])
-                    y, skips_out = self._run_stage(j, x, skips_in, collect=activations)
+                tape, y, skips_out = self._taped_stage(j, x, skips_in, collect=activations)
                 saved = _Saved(x, skips_in, tape=tape, y=y, skips_out=skips_out)
                 saved.nbytes = _nbytes([x, *skips_in.values(), *activations])
             self.last[j] = y
@@ -401,11 +406,7 @@ class _Run:
                 after = [tf.identity(v.value) for v in self.stage_state[j]]
                 for v, value in zip(self.stage_state[j], saved.state or []):
                     v.assign(value)
-                tape = tf.GradientTape()
-                with tape:
-                    tape.watch([t for t in (saved.x, *saved.skips_in.values())
-                                if t.dtype.is_floating])
-                    y, skips_out = self._run_stage(j, saved.x, saved.skips_in)
+                tape, y, skips_out = self._taped_stage(j, saved.x, saved.skips_in)
                 for v, value in zip(self.stage_state[j], after):
                     v.assign(value)
             else:

@@ -62,6 +62,7 @@ def test_communication_stats_logs_bytes_per_step_and_tensorboard(mirrored, tmp_p
     assert hist.history["bytes_per_step"] == [per_round / 2, per_round / 2]  # 1 round per 2 steps
     assert hist.history["communication_rounds"] == [2.0, 4.0]
     assert hist.history["bytes_vs_dense"] == [1.0, 1.0]  # dense exchange
+    assert all(t > 0 for t in hist.history["step_seconds"])
     assert list((tmp_path / "comm").iterdir()), "no TensorBoard event file written"
 
 

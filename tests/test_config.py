@@ -27,6 +27,8 @@ def test_defaults_fill_missing_keys():
     ({"optimizer": {"name": "adagrad"}}, "optimizer.name: got 'adagrad'; must be one of"),
     ({"optimizer": {"learning_rate": -1}}, "optimizer.learning_rate: got -1; must be a number > 0"),
     ({"engine": {"name": "mpi"}}, "engine.name: got 'mpi'"),
+    ({"engine": {"name": "keras_multi_worker"}, "compression": {"name": "fp16"}},
+     "compression.name need(s) a tfdist engine: use 'multi_worker'"),
     ({"model": {"hidden": [64, 0]}}, "model.hidden: got [64, 0]"),
     ({"train": {"epoch": 3}}, "unknown key 'epoch' (did you mean 'epochs'?)"),
     ({"trian": {}}, "unknown key 'trian' (did you mean 'train'?)"),

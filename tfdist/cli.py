@@ -2,6 +2,7 @@
 
     tfdist train --config configs/default.yaml [--set train.epochs=3 ...]
     tfdist bench --suite engines|compression|local_sgd|memory|pipeline [--quick]
+    tfdist bench --suite comm [--quick] [--hosts 2,4] [--bandwidths 100mbit,1gbit] [--algorithms ...]
     tfdist info
 """
 
@@ -18,8 +19,14 @@ COMMANDS = ("train", "bench", "info")
 flags.DEFINE_string("config", None, "Path to a YAML config (see configs/).")
 flags.DEFINE_multi_string("set", [], "Override a config value: --set section.key=value "
                           "(repeatable), e.g. --set train.epochs=3.")
-flags.DEFINE_enum("suite", "engines", ["engines", "compression", "local_sgd", "memory", "pipeline"],
+flags.DEFINE_enum("suite", "engines",
+                  ["engines", "compression", "local_sgd", "memory", "pipeline", "comm"],
                   "Benchmark suite to run.")
+flags.DEFINE_list("hosts", None, "Benchmark comm: numbers of emulated hosts (default: the spec's).")
+flags.DEFINE_list("bandwidths", None, "Benchmark comm: link bandwidths with a unit, e.g. "
+                  "100mbit,1gbit (default: the spec's).")
+flags.DEFINE_list("algorithms", None, "Benchmark comm: algorithms of configs/bench/comm.yaml "
+                  "(default: all; the baseline always runs).")
 flags.DEFINE_bool("quick", False, "Benchmark: fewer steps and repeats.")
 flags.DEFINE_integer("steps", None, "Benchmark: timed steps per repeat.")
 flags.DEFINE_integer("repeats", None, "Benchmark: repeats per engine (interleaved).")
@@ -109,6 +116,17 @@ def cmd_info() -> int:
 
 def cmd_bench() -> int:
     from tfdist.bench import run_suite
+
+    if FLAGS.suite == "comm":
+        from tfdist.bench_comm import run_comm
+        from tfdist.config import ConfigError
+
+        try:
+            run_comm(FLAGS.quick, FLAGS.out, FLAGS.hosts, FLAGS.bandwidths, FLAGS.algorithms)
+        except ConfigError as e:
+            print(f"tfdist bench: {e}", file=sys.stderr)
+            return 2
+        return 0
 
     run_suite(FLAGS.suite, quick=FLAGS.quick, steps=FLAGS.steps, repeats=FLAGS.repeats,
               out=FLAGS.out)

@@ -52,7 +52,9 @@ def _positive_ints(v) -> bool:
                                        for i in v)
 
 
-ENGINES = ("single", "mirrored", "multi_worker", "horovod")
+# keras_multi_worker: the baseline tfdist is measured against, Keras' own gradient all-reduce
+# under tf.distribute's multi-worker strategy (with only the keras#20585 fix), no tfdist optimizer.
+ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -127,6 +129,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "precision": _choice(PRECISIONS, "float32"),
         "output_dir": Field("runs/default", (str,), "a directory path"),
         "verbose": _int("0, 1 or 2", lambda v: v in (0, 1, 2), 1),
+        "evaluate_each_epoch": Field(False, (bool,), "true or false (test accuracy after every "
+                                     "epoch, logged with the training time so far)"),
     },
 }
 
@@ -222,6 +226,16 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("averaging.topology: 'ring' gossip does not combine with SlowMo, SMA or "
                       "hierarchical averaging; use 'all'")
     errors += _zero_checks(c)
+    if engine["name"] == "keras_multi_worker":
+        extras = [name for name, on in (
+            ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
+            ("averaging.period", avg["period"] is not None),
+            ("optimizer.zero_stage", c["optimizer"]["zero_stage"] is not None),
+            ("optimizer.accumulation_steps", c["optimizer"]["accumulation_steps"] > 1)) if on]
+        if extras:
+            errors.append(f"engine.name: 'keras_multi_worker' is plain Keras data parallelism "
+                          f"(the baseline); {', '.join(extras)} need(s) a tfdist engine: use "
+                          "'multi_worker'")
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 PREFIX = "tfd-"
@@ -202,20 +203,29 @@ class EmulatedCluster:
         return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
     def tf_config(self, index: int) -> str:
-        import json
-
         return json.dumps({"cluster": {"worker": [f"{a}:{WORKER_PORT}" for a in self.addresses]},
                            "task": {"type": "worker", "index": index}})
 
-    def run_workers(self, argv: Sequence[str], timeout: float, env: dict | None = None,
-                    echo: bool = False) -> list[Any]:
-        """`argv` as one TF_CONFIG worker per host; stops all if one fails (tfdist.launch)."""
+    def run_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]], timeout: float,
+                    env: dict | None = None, echo: bool = False,
+                    on_line: Callable[[int, str], None] | None = None) -> list[Any]:
+        """`argv` (or `argv(host)`) as one TF_CONFIG worker per host; stops all if one fails
+        (tfdist.launch.run_processes)."""
         from tfdist.launch import run_processes
 
         base = dict(os.environ if env is None else env)
-        commands = [(self.command(i, argv), {**base, "TF_CONFIG": self.tf_config(i)})
-                    for i in range(self.hosts)]
-        return run_processes(commands, timeout, echo=echo)
+        commands = [(self.command(i, argv(i) if callable(argv) else argv),
+                     {**base, "TF_CONFIG": self.tf_config(i)}) for i in range(self.hosts)]
+        return run_processes(commands, timeout, echo=echo, on_line=on_line)
+
+    def tx_bytes(self) -> list[int]:
+        """Bytes each host has sent on its link so far (its interface's counter)."""
+        counts = []
+        for ns in self.namespaces:
+            out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", "eth0"],
+                                 capture_output=True, text=True, check=True).stdout
+            counts.append(int(json.loads(out)[0]["stats64"]["tx"]["bytes"]))
+        return counts
 
 
 def _tc(ns: str, *args: str) -> None:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,13 +53,16 @@ def tf_config(index: int, ports: list[int], host: str = "127.0.0.1") -> str:
     })
 
 
-def _pump(proc: subprocess.Popen, prefix: str, sink: list[str], echo: bool) -> None:
+def _pump(proc: subprocess.Popen, rank: int, sink: list[str], echo: bool,
+          on_line: Callable[[int, str], None] | None) -> None:
     assert proc.stdout is not None
     for line in iter(proc.stdout.readline, ""):
         sink.append(line)
         if echo:
-            sys.stdout.write(f"{prefix}{line}")
+            sys.stdout.write(f"[worker {rank}] {line}")
             sys.stdout.flush()
+        if on_line is not None:
+            on_line(rank, line)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -74,7 +78,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float,
-                  echo: bool = False, stop_on_failure: bool = True) -> list[WorkerResult]:
+                  echo: bool = False, stop_on_failure: bool = True,
+                  on_line: Callable[[int, str], None] | None = None) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
     Args:
@@ -83,6 +88,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         echo: Stream output with a `[worker i]` prefix.
         stop_on_failure: Stop the others (after a 10 s grace for their own error reports)
             when one exits non-zero.
+        on_line: Called with (rank, line) for every line a process writes, as it comes.
     """
     procs: list[subprocess.Popen] = []
     sinks: list[list[str]] = []
@@ -95,7 +101,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
             )
             procs.append(proc)
             sinks.append([])
-            t = threading.Thread(target=_pump, args=(proc, f"[worker {rank}] ", sinks[-1], echo),
+            t = threading.Thread(target=_pump, args=(proc, rank, sinks[-1], echo, on_line),
                                  daemon=True)
             t.start()
             threads.append(t)

@@ -76,10 +76,10 @@ def make_engine(config: dict[str, Any]) -> Engine:
         hierarchical = config["averaging"]["intra_period"] is not None
         thvd.init(process_sets="dynamic" if hierarchical else None)
         return Engine(name, None, thvd.size(), thvd.rank())
-    if name == "multi_worker":
+    if name in ("multi_worker", "keras_multi_worker"):
         if "TF_CONFIG" not in os.environ:
             raise ValueError(
-                "engine.name is 'multi_worker' but TF_CONFIG is not set: start the workers with "
+                f"engine.name is {name!r} but TF_CONFIG is not set: start the workers with "
                 "`python -m tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
         strategy = tfdist.MultiWorkerMirroredStrategy(
             timeout_seconds=config["engine"]["timeout_seconds"])
@@ -101,7 +101,10 @@ def _state_bytes(optimizer) -> dict[str, int]:
 
 
 def _wrap(engine, inner, opt_cfg: dict, kwargs: dict):
-    """The config's tfdist optimizer around `inner`, for the engine."""
+    """The config's tfdist optimizer around `inner`, for the engine (`inner` itself for the
+    keras_multi_worker baseline)."""
+    if engine.name == "keras_multi_worker":
+        return inner
     if engine.name == "horovod":
         import tfdist.horovod as thvd
 
@@ -140,6 +143,39 @@ def _data(c: dict[str, Any]):
     n_test = max(1, int(round(len(y) * d["test_fraction"])))
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]), \
         d["num_classes"]
+
+
+def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
+    """Top-1 accuracy of `model` on (x, y), in one forward pass."""
+    probabilities = np.asarray(model(x, training=False))
+    return float(np.mean(np.argmax(probabilities, axis=1) == y))
+
+
+EVAL_TAG = "tfdist-eval "
+
+
+class EpochEvaluation(keras.callbacks.Callback):
+    """Test accuracy after every epoch, next to the training time so far (the sum of the step
+    times but the first, tracing, step) and the bytes sent; with `announce`, each record is also
+    printed as one `tfdist-eval {json}` line (what `tfdist bench --suite comm` follows)."""
+
+    def __init__(self, x, y, timer: StepTimer, epochs: int, announce: bool = False):
+        super().__init__()
+        self.x, self.y, self.timer, self.epochs, self.announce = x, y, timer, epochs, announce
+        self.log: list[dict[str, float]] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tfdist.callbacks.comm_stats import find_exchange
+
+        exchange = find_exchange(self.model.optimizer)
+        record = {"epoch": epoch + 1, "epochs": self.epochs,
+                  "steps": len(self.timer.times),
+                  "train_seconds": round(float(sum(self.timer.times[1:])), 4),
+                  "test_accuracy": accuracy(self.model, self.x, self.y),
+                  "bytes_sent": None if exchange is None else float(exchange.bytes_sent)}
+        self.log.append(record)
+        if self.announce:
+            print(EVAL_TAG + json.dumps(record), flush=True)
 
 
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
@@ -188,7 +224,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         optimizer = _wrap(engine, inner, opt_cfg, kwargs)
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
-        if optimizer.local_sgd is not None:
+        if getattr(optimizer, "local_sgd", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
 
     steps = config["train"]["steps_per_epoch"] or max(1, len(y) // micro_batch)
@@ -211,20 +247,30 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     output = Path(config["train"]["output_dir"])
     timer = StepTimer()
     callbacks.append(timer)
-    callbacks.append(CommunicationStats(log_dir=str(output / "tensorboard")
-                                        if engine.is_chief else None))
+    counted = engine.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
+    if counted:
+        callbacks.append(CommunicationStats(log_dir=str(output / "tensorboard")
+                                            if engine.is_chief else None))
+    evaluation = None
+    if config["train"]["evaluate_each_epoch"]:
+        evaluation = EpochEvaluation(x_test, y_test, timer, config["train"]["epochs"],
+                                     announce=engine.is_chief)
+        callbacks.append(evaluation)
 
     verbose = config["train"]["verbose"] if (engine.is_chief and progress) else 0
     history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
                         verbose=verbose, callbacks=callbacks)
     train_seconds = time.time() - start
 
-    probabilities = model(x_test, training=False)
-    test_accuracy = float(np.mean(np.argmax(np.asarray(probabilities), axis=1) == y_test))
+    test_accuracy = accuracy(model, x_test, y_test)
     total_steps = steps * config["train"]["epochs"]
     params = int(model.count_params())
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     dense_per_step = ring_bytes("all_reduce", 4 * trainable, engine.world_size) / accumulation
+    if counted:
+        bytes_sent, rounds = optimizer.bytes_sent, optimizer.communication_rounds
+    else:  # Keras' own all-reduce sends what a dense ring all-reduce sends (not counted)
+        bytes_sent, rounds = dense_per_step * total_steps, total_steps
     summary = {
         "engine": engine.name,
         "world_size": engine.world_size,
@@ -234,20 +280,23 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "final_train_accuracy": float(history.history["accuracy"][-1]),
         "steps": total_steps,
         "parameters": params,
-        "bytes_sent_total": optimizer.bytes_sent,
-        "bytes_sent_per_step": optimizer.bytes_sent / total_steps,
-        "communication_rounds": optimizer.communication_rounds,
-        "averaging_period": None if optimizer.local_sgd is None else optimizer.averaging_period,
+        "bytes_sent_total": bytes_sent,
+        "bytes_sent_per_step": bytes_sent / total_steps,
+        "bytes_counted": counted,
+        "communication_rounds": rounds,
+        "averaging_period": (optimizer.averaging_period
+                             if getattr(optimizer, "local_sgd", None) is not None else None),
         "trainable_parameters": trainable,
         "gradient_bytes_per_round": 4 * trainable,
-        "compressor": compression.serialize(optimizer.compressor),
+        "compressor": compression.serialize(getattr(optimizer, "compressor", None)),
         "dense_bytes_per_step": dense_per_step,
-        "bytes_ratio_vs_dense": (optimizer.bytes_sent / total_steps / dense_per_step
+        "bytes_ratio_vs_dense": (bytes_sent / total_steps / dense_per_step
                                  if dense_per_step else None),
-        "optimizer_state_bytes": _state_bytes(optimizer),
+        "optimizer_state_bytes": _state_bytes(optimizer) if counted else {},
         "train_seconds": round(train_seconds, 2),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
+        "epoch_log": evaluation.log if evaluation else None,
         "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": platform.python_version()},
         "config": config,

@@ -39,8 +39,9 @@ def find_exchange(optimizer):
 
 class CommunicationStats(keras.callbacks.Callback):
     """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch),
-    `communication_rounds` and `bytes_vs_dense` (bytes sent / what dense float32 all-reduces of
-    the same exchanges would send) to the epoch logs, and writes them to TensorBoard.
+    `communication_rounds`, `bytes_vs_dense` (bytes sent / what dense float32 all-reduces of
+    the same exchanges would send) and `step_seconds` (the epoch's wall time per batch) to the
+    epoch logs, and writes them to TensorBoard.
 
     Args:
         log_dir: Optional TensorBoard log directory (event files under `log_dir/comm`).
@@ -71,6 +72,7 @@ class CommunicationStats(keras.callbacks.Callback):
         self._epoch_start_bytes = self._optimizer.bytes_sent
         self._epoch_start_rounds = self._optimizer.communication_rounds
         self._epoch_batches = 0
+        self._epoch_start_time = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
@@ -86,7 +88,9 @@ class CommunicationStats(keras.callbacks.Callback):
         rounds = self._optimizer.communication_rounds - self._epoch_start_rounds
         dense = self._optimizer.dense_bytes_per_exchange()
         ratio = sent / (rounds * dense) if rounds and dense else None
+        step_seconds = (time.perf_counter() - self._epoch_start_time) / max(self._epoch_batches, 1)
         if logs is not None:
+            logs["step_seconds"] = step_seconds
             logs["bytes_per_step"] = per_step
             logs["communication_rounds"] = float(self._optimizer.communication_rounds)
             if ratio is not None:
@@ -94,6 +98,7 @@ class CommunicationStats(keras.callbacks.Callback):
         if self._writer is not None:
             with self._writer.as_default(step=self._step):
                 tf.summary.scalar("bytes_per_step", per_step)
+                tf.summary.scalar("step_seconds", step_seconds)
                 if ratio is not None:
                     tf.summary.scalar("bytes_vs_dense", ratio)
             self._writer.flush()

@@ -1,0 +1,106 @@
+"""`tfdist bench --suite comm`: the sweep of algorithm x link on the emulated cluster."""
+
+import json
+import os
+
+import pytest
+
+from tests.test_emulated import needs_netns
+from tfdist import emulated
+from tfdist.bench_comm import LIMIT, load_plan, run_comm
+from tfdist.config import ConfigError
+
+SPEC = """
+job: [model.name=mlp, "model.hidden=[64]", data.global_batch_size=64, train.epochs=2]
+target_accuracy: 0.5
+hosts: [2]
+bandwidths: [1gbit]
+run_timeout_seconds: {timeout}
+algorithms:
+  dense_keras: {{label: dense Keras, config: default.yaml, set: [engine.name=keras_multi_worker]}}
+  powersgd: {{label: PowerSGD, config: powersgd.yaml}}
+  local_sgd: {{label: local SGD, config: local_sgd.yaml,
+              set: [averaging.warmup_steps=0, averaging.period=4]}}
+"""
+
+
+def _ours() -> list[str]:
+    """This process's emulated-cluster namespaces (other jobs' may exist on a shared machine)."""
+    return [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
+
+
+def _spec(tmp_path, timeout=300):
+    path = tmp_path / "comm.yaml"
+    path.write_text(SPEC.format(timeout=timeout))
+    return path
+
+
+def test_the_shipped_spec_is_valid_and_its_model_has_5m_parameters():
+    plan = load_plan()
+    assert [a.key for a in plan.algorithms][0] == "dense_keras"
+    assert plan.configs[(2, "dense_keras")]["engine"]["name"] == "keras_multi_worker"
+    assert plan.configs[(2, "powersgd")]["engine"]["name"] == "multi_worker"
+    hidden = plan.configs[(2, "dense")]["model"]["hidden"]
+    params = 64 * hidden[0] + hidden[0] + hidden[0] * hidden[1] + hidden[1] + 10 * hidden[1] + 10
+    assert params >= 5_000_000
+    quick = load_plan(quick=True)
+    assert quick.hosts == [2] and quick.bandwidths == ["100mbit"]
+    assert quick.configs[(2, "dense")]["train"]["epochs"] == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"algorithms": ["powersgd", "zip"]}, "--algorithms: unknown 'zip'; choose from"),
+    ({"bandwidths": ["100"]}, "bandwidth '100': give a number and a unit"),
+    ({"hosts": ["1"]}, "hosts: got '1'; must be integers >= 2"),
+    ({"hosts": ["400"]}, "hosts=400"),
+])
+def test_bad_input_is_refused_before_anything_is_created(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        load_plan(**kwargs)
+    assert not _ours()
+
+
+def test_the_baseline_always_runs_and_the_limit_has_no_exchange(tmp_path):
+    plan = load_plan(_spec(tmp_path), algorithms=["powersgd"])
+    assert [a.key for a in plan.algorithms] == ["dense_keras", "powersgd"]
+    limit = plan.configs[(2, LIMIT)]
+    assert limit["engine"]["name"] == "single"
+    assert limit["data"]["global_batch_size"] == 32  # one worker's share of the batch
+
+
+@needs_netns
+@pytest.mark.slow
+def test_small_sweep_writes_table_json_and_plots(tmp_path):
+    out = tmp_path / "out"
+    rows = run_comm(False, str(out), spec=str(_spec(tmp_path)))
+    by = {r["algorithm"]: r for r in rows}
+    assert list(by) == ["dense_keras", "powersgd", "local_sgd", LIMIT]
+    dense = by["dense_keras"]
+    params = 64 * 64 + 64 + 64 * 10 + 10
+    assert dense["bytes_per_step"] == 4 * params  # ring all-reduce, 2 workers: 2(N-1)/N = 1
+    # On the wire: the payload plus framing (and the set-up traffic), not less.
+    assert dense["wire_bytes_per_step"] >= dense["bytes_per_step"]
+    assert by["powersgd"]["bytes_per_step"] < 0.5 * dense["bytes_per_step"]
+    assert by["local_sgd"]["bytes_per_step"] == pytest.approx(dense["bytes_per_step"] / 4)
+    assert by[LIMIT]["wire_bytes_per_step"] < 0.01 * dense["wire_bytes_per_step"]
+    for r in rows:
+        times = [t for t, _, _ in r["curve"]]
+        assert len(times) == 2 and 0 < times[0] < times[1]
+    # The limit: the baseline's accuracy at the compute-only step time.
+    assert [a for _, a, _ in by[LIMIT]["curve"]] == [a for _, a, _ in dense["curve"]]
+    saved = json.loads((out / "comm.json").read_text())
+    assert saved["failures"] == [] and len(saved["rows"]) == 4
+    assert "| 2 | 1gbit | PowerSGD |" in (out / "comm.md").read_text()
+    for png in ("comm_accuracy_2hosts.png", "comm_bytes.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not _ours()
+
+
+@needs_netns
+def test_a_failed_run_is_reported_and_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="4 of 4 runs failed"):
+        run_comm(False, str(out), spec=str(_spec(tmp_path, timeout=2)))
+    saved = json.loads((out / "comm.json").read_text())
+    assert len(saved["failures"]) == 4 and "exited with [None, None]" in saved["failures"][0]
+    assert not _ours()

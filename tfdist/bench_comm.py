@@ -1,0 +1,443 @@
+"""`tfdist bench --suite comm`: which algorithm wins on which network, on an emulated cluster.
+
+For every (hosts, link bandwidth) of the spec (configs/bench/comm.yaml), an emulated cluster is
+created (tfdist.emulated: one network namespace per host, links shaped by tc) and every algorithm
+trains the spec's job there as one TF_CONFIG worker per host (`tfdist train`, engine
+multi_worker). Per run: the test accuracy after every epoch against the training time so far
+(the sum of the step times, the first, tracing, step left out), the time to the target accuracy,
+the final accuracy, the bytes each worker sent per step (counted by the optimizer, and on the wire
+from the hosts' interface counters, set-up traffic included), and the median step time.
+
+The zero-communication limit: the same workers, on the same hosts at the same time, run the job's
+steps with no exchange at all (each trains alone on its share of the batch), which gives the
+compute-only step time; the limit's accuracy curve is the baseline's (synchronous training does
+the same arithmetic whatever the network), at that step time.
+
+Everything is validated before any namespace is created. Results are written after every run
+(nothing is lost if a later run fails): OUT/comm.md, OUT/comm.json, OUT/comm_accuracy_<N>hosts.png
+and OUT/comm_bytes.png; each run's summary, worker logs and TensorBoard logs go to
+OUT/comm/<N>hosts-<bandwidth>/<algorithm>/.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tfdist import emulated
+from tfdist.config import ConfigError, load_config
+
+SPEC = "bench/comm.yaml"
+LIMIT = "limit"
+_SPEC_KEYS = {"job", "target_accuracy", "hosts", "bandwidths", "delay", "run_timeout_seconds",
+              "algorithms", "quick"}
+
+
+@dataclass
+class Algorithm:
+    key: str
+    label: str
+    config: Path
+    overrides: list[str]
+
+
+@dataclass
+class Plan:
+    algorithms: list[Algorithm]
+    hosts: list[int]
+    bandwidths: list[str]
+    delay: str | None
+    target_accuracy: float
+    job: list[str]
+    timeout: float
+    spec_path: Path
+    configs: dict[tuple[int, str], dict] = field(default_factory=dict)  # (hosts, key) -> config
+
+    @property
+    def runs(self) -> int:
+        return len(self.hosts) * len(self.bandwidths) * (len(self.algorithms) + 1)
+
+
+def _configs_dir() -> Path:
+    here = Path("configs")
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_plan(spec_path: str | Path | None = None, quick: bool = False,
+              hosts: list[str] | None = None, bandwidths: list[str] | None = None,
+              algorithms: list[str] | None = None) -> Plan:
+    """Reads and checks the spec and the command-line selection; builds and validates every
+    run's config. Raises ConfigError (naming the value and the fix) before anything starts."""
+    path = Path(spec_path) if spec_path else _configs_dir() / SPEC
+    if not path.is_file():
+        raise ConfigError(f"Benchmark spec not found: {path}.")
+    spec = yaml.safe_load(path.read_text()) or {}
+    errors = [f"{path}: unknown key '{k}'; allowed: {', '.join(sorted(_SPEC_KEYS))}"
+              for k in spec if k not in _SPEC_KEYS]
+    table = spec.get("algorithms") or {}
+    quick_spec = (spec.get("quick") or {}) if quick else {}
+    selected = (algorithms if algorithms is not None
+                else quick_spec.get("algorithms", list(table)))
+    unknown = [a for a in selected if a not in table]
+    if unknown:
+        errors.append(f"--algorithms: unknown {', '.join(map(repr, unknown))}; choose from "
+                      f"{', '.join(table)} (defined in {path})")
+    if not table:
+        errors.append(f"{path}: no algorithms")
+    else:
+        baseline = next(iter(table))
+        selected = [baseline, *[a for a in selected if a != baseline]]  # the baseline always runs
+    host_counts = hosts if hosts is not None else quick_spec.get("hosts", spec.get("hosts", [2]))
+    parsed_hosts = []
+    for h in host_counts:
+        try:
+            n = int(h)
+            if n < 2:
+                raise ValueError
+            parsed_hosts.append(n)
+        except (TypeError, ValueError):
+            errors.append(f"hosts: got {h!r}; must be integers >= 2")
+    links = (bandwidths if bandwidths is not None
+             else quick_spec.get("bandwidths", spec.get("bandwidths", ["1gbit"])))
+    for b in links:
+        try:
+            emulated.parse_bandwidth(b)
+        except ValueError as e:
+            errors.append(f"bandwidths: {e}")
+    delay = spec.get("delay")
+    if delay is not None:
+        try:
+            emulated.parse_delay(delay)
+        except ValueError as e:
+            errors.append(f"delay: {e}")
+    target = spec.get("target_accuracy", 0.95)
+    if not isinstance(target, (int, float)) or not 0 < target < 1:
+        errors.append(f"target_accuracy: got {target!r}; must be a number in (0, 1)")
+    job = [*spec.get("job", []), *quick_spec.get("set", [])]
+    algos = []
+    for key in selected if not unknown else []:
+        entry = table[key] or {}
+        bad = set(entry) - {"label", "config", "set"}
+        if bad:
+            errors.append(f"algorithms.{key}: unknown keys {sorted(bad)}; allowed: label, "
+                          "config, set")
+        algos.append(Algorithm(key, entry.get("label", key),
+                               _configs_dir() / entry.get("config", "default.yaml"),
+                               list(entry.get("set", []))))
+    if errors:
+        raise ConfigError("Invalid benchmark:\n  " + "\n  ".join(errors))
+    for n in parsed_hosts:  # more hosts than this machine holds: refused here, not midway
+        try:
+            emulated.check_can_emulate(n, emulated.parse_delay(delay) if delay else 0.0)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise ConfigError(f"hosts: {e}") from e
+    plan = Plan(algos, parsed_hosts, list(links), delay, float(target), job,
+                float(spec.get("run_timeout_seconds", 3600)), path)
+    for n in parsed_hosts:
+        for algo in algos:
+            plan.configs[(n, algo.key)] = _run_config(plan, algo, n)
+        plan.configs[(n, LIMIT)] = _limit_config(plan.configs[(n, algos[0].key)], n)
+    return plan
+
+
+def _overrides(plan: Plan, algo: Algorithm) -> list[str]:
+    return [*plan.job, "engine.name=multi_worker", *algo.overrides, "train.verbose=0",
+            "train.evaluate_each_epoch=true"]
+
+
+def _run_config(plan: Plan, algo: Algorithm, hosts: int) -> dict:
+    try:
+        config = load_config(algo.config, _overrides(plan, algo))
+    except ConfigError as e:
+        raise ConfigError(f"algorithms.{algo.key} ({algo.config}): {e}") from e
+    batch = config["data"]["global_batch_size"]
+    if batch % hosts:
+        raise ConfigError(f"algorithms.{algo.key}: data.global_batch_size {batch} does not "
+                          f"divide by {hosts} hosts; use a multiple of {hosts}")
+    return config
+
+
+LIMIT_STEPS = 30  # steps timed for the compute-only step time (median)
+
+
+def _limit_config(baseline: dict, hosts: int) -> dict:
+    """The baseline's job on one worker's share of the batch, with no exchange."""
+    config = copy.deepcopy(baseline)
+    config["engine"]["name"] = "single"
+    config["data"]["global_batch_size"] //= hosts
+    config["train"].update(steps_per_epoch=LIMIT_STEPS, epochs=1, evaluate_each_epoch=False)
+    return config
+
+
+# -- running -----------------------------------------------------------------------------------
+
+class Progress:
+    """Two bars on one line: the sweep (runs done) and the current run (epochs done)."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stdout
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.label, self.start = "", time.monotonic()
+
+    @staticmethod
+    def bar(done: float, total: float, width: int = 16) -> str:
+        filled = int(width * min(done / total, 1.0)) if total else width
+        return "#" * filled + "." * (width - filled)
+
+    def begin(self, label: str) -> None:
+        self.label = label
+        self.show(0, 1, "starting")
+
+    def show(self, epoch: int, epochs: int, note: str) -> None:
+        elapsed = time.monotonic() - self.start
+        line = (f"bench: [{self.bar(self.done, self.total)}] run "
+                f"{min(self.done + 1, self.total)}/{self.total} "
+                f"{self.label} [{self.bar(epoch, epochs, 10)}] {note} ({elapsed:.0f} s)")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def end(self, note: str) -> None:
+        self.done += 1
+        self.show(1, 1, note)
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout: float,
+         progress: Progress) -> dict:
+    """One run on the cluster (`tfdist train` per host); returns host 0's summary plus the
+    bytes each host sent on its link."""
+    from tfdist.runner import EVAL_TAG
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # One output directory per host: without an exchange (the limit) every host is a chief.
+    argv = [sys.executable, "-m", "tfdist.cli", "train", "--config", str(config_path)]
+
+    def host_argv(host: int) -> list[str]:
+        return [*argv, "--set", f"train.output_dir={run_dir / f'host{host}'}"]
+
+    def on_line(rank: int, line: str) -> None:
+        if rank == 0 and line.startswith(EVAL_TAG):
+            r = json.loads(line[len(EVAL_TAG):])
+            progress.show(r["epoch"], r["epochs"], f"epoch {r['epoch']}/{r['epochs']}: "
+                          f"accuracy {r['test_accuracy']:.4f}, {r['train_seconds']:.1f} s")
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    before = cluster.tx_bytes()
+    results = cluster.run_workers(host_argv, timeout, env=env, on_line=on_line)
+    sent = [b - a for a, b in zip(before, cluster.tx_bytes())]
+    for r in results:
+        (run_dir / f"worker{r.rank}.log").write_text(r.output)
+    if any(r.returncode != 0 for r in results):
+        codes = [r.returncode for r in results]
+        tail = results[0].output[-1500:] if results[0].returncode else next(
+            r.output[-1500:] for r in results if r.returncode != 0)
+        raise RuntimeError(f"workers exited with {codes} (None: stopped); logs in {run_dir}:\n"
+                           f"{tail}")
+    summary = json.loads((run_dir / "host0" / "summary.json").read_text())
+    summary["wire_bytes_per_host"] = sent
+    return summary
+
+
+def _per_host(sent: list[int]) -> float:
+    return sum(sent) / len(sent)
+
+
+def _time_to(log: list[dict], target: float) -> float | None:
+    return next((r["train_seconds"] for r in log if r["test_accuracy"] >= target), None)
+
+
+def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
+    steps = s["steps"]
+    return {"hosts": hosts, "bandwidth": link, "algorithm": algo.key, "label": algo.label,
+            "time_to_target_s": _time_to(s["epoch_log"], plan.target_accuracy),
+            "final_accuracy": s["test_accuracy"], "steps": steps,
+            "train_seconds": s["epoch_log"][-1]["train_seconds"],
+            "bytes_per_step": s["bytes_sent_per_step"], "bytes_counted": s["bytes_counted"],
+            "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / steps,
+            "step_ms": s["step_ms_median"], "parameters": s["trainable_parameters"],
+            "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
+                      for r in s["epoch_log"]]}
+
+
+def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> dict:
+    step_s = s["step_ms_median"] / 1000  # the first step is left out, as in the runs' times
+    curve = [(round((steps - 1) * step_s, 4), acc, steps) for _, acc, steps in baseline["curve"]]
+    reached = next((t for t, a, _ in curve if a >= plan.target_accuracy), None)
+    return {"hosts": hosts, "bandwidth": link, "algorithm": LIMIT,
+            "label": "zero-communication limit (baseline's steps, no exchange)",
+            "time_to_target_s": reached, "final_accuracy": baseline["final_accuracy"],
+            "steps": baseline["steps"], "train_seconds": curve[-1][0], "bytes_per_step": 0.0,
+            "bytes_counted": True,
+            "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / s["steps"],
+            "step_ms": s["step_ms_median"], "parameters": baseline["parameters"],
+            "curve": curve}
+
+
+def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
+    """Runs the plan; writes the table, JSON and plots after every run."""
+    progress = Progress(plan.runs)
+    rows: list[dict] = []
+    failures: list[str] = []
+    for hosts in plan.hosts:
+        for link in plan.bandwidths:
+            with emulated.EmulatedCluster(hosts, link, plan.delay) as cluster:
+                baseline: dict | None = None
+                for algo in [*plan.algorithms, None]:
+                    key = LIMIT if algo is None else algo.key
+                    where = f"{hosts} hosts @ {link}"
+                    progress.begin(f"{where}: {algo.label if algo else LIMIT}")
+                    run_dir = out_dir / "comm" / f"{hosts}hosts-{link}" / key
+                    try:
+                        if algo is None and baseline is None:
+                            raise RuntimeError("the baseline run failed; no limit without it")
+                        s = _run(cluster, plan.configs[(hosts, key)], run_dir, plan.timeout,
+                                 progress)
+                    except RuntimeError as e:
+                        failures.append(f"{where}, {key}: {e}")
+                        progress.end(f"FAILED ({str(e).splitlines()[0]})")
+                        continue
+                    if algo is None:
+                        assert baseline is not None
+                        row = _limit_row(plan, hosts, link, baseline, s)
+                    else:
+                        row = _row(plan, hosts, link, algo, s)
+                        if algo is plan.algorithms[0]:
+                            baseline = row
+                    rows.append(row)
+                    progress.end(f"accuracy {row['final_accuracy']:.4f}, "
+                                 f"{row['step_ms']:.0f} ms/step")
+                    write(plan, rows, failures, out_dir, command)
+    write(plan, rows, failures, out_dir, command)
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {plan.runs} runs failed:\n" + "\n".join(failures))
+    return rows
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _fmt_time(t: float | None) -> str:
+    return "not reached" if t is None else f"{t:.1f}"
+
+
+def table(plan: Plan, rows: list[dict]) -> str:
+    lines = [f"| hosts | link | algorithm | time to {plan.target_accuracy:.0%} (s) | speed-up vs "
+             "baseline | final accuracy | vs baseline (pt) | bytes/step/worker | wire bytes/step/"
+             "host | step time (ms) | step time vs baseline |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    baseline = plan.algorithms[0].key
+    base = {(r["hosts"], r["bandwidth"]): r for r in rows if r["algorithm"] == baseline}
+    for r in rows:
+        b = base.get((r["hosts"], r["bandwidth"]))
+        speedup = (f"{b['time_to_target_s'] / r['time_to_target_s']:.2f}x"
+                   if b and b["time_to_target_s"] and r["time_to_target_s"] else "n/a")
+        counted = f"{r['bytes_per_step']:,.0f}" + ("" if r["bytes_counted"] else " (formula)")
+        lines.append(
+            f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | {_fmt_time(r['time_to_target_s'])}"
+            f" | {speedup} | {r['final_accuracy']:.4f} | "
+            + (f"{100 * (r['final_accuracy'] - b['final_accuracy']):+.1f}" if b else "n/a")
+            + f" | {counted} | {r['wire_bytes_per_step']:,.0f} | {r['step_ms']:.0f} | "
+            + (f"{r['step_ms'] / b['step_ms']:.3f} |" if b else "n/a |"))
+    return "\n".join(lines)
+
+
+def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for hosts in sorted({r["hosts"] for r in rows}):
+        links = [b for b in plan.bandwidths if any(r["hosts"] == hosts and r["bandwidth"] == b
+                                                   for r in rows)]
+        fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4.2), squeeze=False)
+        for ax, link in zip(axes[0], links):
+            for r in rows:
+                if r["hosts"] == hosts and r["bandwidth"] == link:
+                    t, a, _ = zip(*r["curve"])
+                    ax.plot(t, a, marker="o", ms=3, label=r["label"],
+                            linestyle="--" if r["algorithm"] == LIMIT else "-")
+            ax.axhline(plan.target_accuracy, color="grey", lw=0.8, ls=":")
+            ax.set(title=f"{hosts} hosts, {link} links", xlabel="training time (s)",
+                   ylabel="test accuracy", xscale="log")
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        path = out_dir / f"comm_accuracy_{hosts}hosts.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    first: dict[tuple[int, str], dict] = {}
+    for r in rows:  # bytes per step do not depend on the link: one bar per (hosts, algorithm)
+        if r["algorithm"] != LIMIT:
+            first.setdefault((r["hosts"], r["label"]), r)
+    if first:
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(first) + 1.5))
+        labels = [f"{label} ({hosts} hosts)" for hosts, label in first]
+        ax.barh(labels, [r["bytes_per_step"] for r in first.values()], label="counted payload")
+        ax.barh(labels, [r["wire_bytes_per_step"] for r in first.values()], height=0.3,
+                label="on the wire (incl. set-up)")
+        ax.set(xscale="log", xlabel="bytes per step per worker")
+        ax.invert_yaxis()
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "comm_bytes.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
+          command: str) -> None:
+    text = table(plan, rows)
+    (out_dir / "comm.md").write_text(f"Command: `{command}`\n\n{text}\n")
+    meta: dict[str, Any] = {
+        "command": command, "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
+        "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}
+    (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
+    if rows:
+        plots(plan, rows, out_dir)
+
+
+def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
+             spec: str | None = None) -> list[dict]:
+    plan = load_plan(spec, quick, hosts, bandwidths, algorithms)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "tfdist bench --suite comm" + (" --quick" if quick else "")
+    for flag, value in (("hosts", hosts), ("bandwidths", bandwidths),
+                        ("algorithms", algorithms)):
+        if value is not None:
+            command += f" --{flag} {','.join(map(str, value))}"
+    params = plan.configs[(plan.hosts[0], plan.algorithms[0].key)]["model"]
+    print(f"bench: comm: {len(plan.algorithms)} algorithms + the zero-communication limit on "
+          f"{plan.hosts} hosts x {plan.bandwidths} links ({plan.runs} runs); model "
+          f"{params['name']} {params['hidden']}, target accuracy {plan.target_accuracy}",
+          flush=True)
+    rows = run(plan, out_dir, command)
+    print(table(plan, rows))
+    print(f"bench: wrote {out_dir / 'comm.md'}, {out_dir / 'comm.json'} and the plots "
+          f"comm_*.png in {out_dir}")
+    return rows
+
+
+__all__ = ["Plan", "load_plan", "run_comm"]

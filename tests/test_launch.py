@@ -1,10 +1,20 @@
 import json
+import os
 import sys
 import time
 
 import pytest
 
-from tfdist.launch import free_ports, main, run_processes, run_tf_workers, tf_config
+from tfdist.launch import (
+    free_ports,
+    horovodrun_command,
+    main,
+    parse_hosts,
+    read_hostfile,
+    run_processes,
+    run_tf_workers,
+    tf_config,
+)
 
 
 def test_tf_config_describes_a_loopback_cluster():
@@ -44,3 +54,65 @@ def test_one_failure_stops_the_others_and_sets_the_exit_code(capsys):
 def test_bad_worker_count():
     with pytest.raises(ValueError, match="num_workers"):
         run_tf_workers(["true"], 0, timeout=1)
+
+
+def test_hosts_and_hostfiles_are_read_like_horovodrun_reads_them(tmp_path):
+    assert parse_hosts("node1:2, node2") == [("node1", 2), ("node2", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two nodes\nnode1 slots=4\nnode2:2  # spare\nnode3\n")
+    assert read_hostfile(hostfile) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    with pytest.raises(ValueError, match="'node1:x' is not host or host:slots"):
+        parse_hosts("node1:x")
+    hostfile.write_text("node1 slots=4\nnode2 slots=zero\n")
+    with pytest.raises(ValueError, match=r"hosts:2: 'node2 slots=zero' is not `host slots=N`"):
+        read_hostfile(hostfile)
+
+
+FAKE_SSH = """#!/bin/bash
+# Stands in for ssh: drops the options, "logs in" to the host (the last but one argument) by
+# running the remote command (the last one) here.
+echo "ssh to ${@: -2:1}"
+exec bash -c "${@: -1}"
+"""
+
+
+def test_remote_hosts_get_ssh_sessions_with_tf_config_and_the_working_directory(tmp_path,
+                                                                                 capfd):
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    (port,) = free_ports(1)
+    code = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
+            "print('TASK', c['task']['index'], c['cluster']['worker'], os.getcwd())")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.2 slots=2\n127.0.0.3\n")
+    assert main(["--hostfile", str(hostfile), "--port", str(port), "--ssh", str(ssh),
+                 "--timeout", "60", "--", sys.executable, "-c", code]) == 0
+    out = capfd.readouterr().out
+    workers = [f"127.0.0.2:{port}", f"127.0.0.2:{port + 1}", f"127.0.0.3:{port}"]
+    for rank, host in enumerate(["127.0.0.2", "127.0.0.2", "127.0.0.3"]):
+        assert f"[worker {rank}] ssh to {host}" in out
+        assert f"[worker {rank}] TASK {rank} {workers} {os.getcwd()}" in out
+
+
+def test_horovodrun_helpers_build_gloo_hostfile_and_elastic_commands(tmp_path, capsys):
+    train = ["python", "train.py"]
+    assert horovodrun_command(train, 4, hosts=[("a", 2), ("b", 2)], horovodrun="hr") == \
+        ["hr", "--gloo", "-np", "4", "-H", "a:2,b:2", *train]
+    assert horovodrun_command(train, 4, hostfile="hosts.txt", mpi=True,
+                              network_interface="eth0", horovodrun="hr") == \
+        ["hr", "--mpi", "-np", "4", "--hostfile", "hosts.txt", "--network-interface", "eth0",
+         *train]
+    assert horovodrun_command(train, 4, min_np=2, max_np=8, host_discovery_script="d.sh",
+                              horovodrun="hr") == \
+        ["hr", "--gloo", "-np", "4", "--host-discovery-script", "d.sh", "--min-np", "2",
+         "--max-np", "8", *train]
+    with pytest.raises(ValueError, match="elastic flags: give --host-discovery-script"):
+        horovodrun_command(train, 4, min_np=2, horovodrun="hr")
+    with pytest.raises(ValueError, match="-np 4 but the hosts have 2 slots"):
+        horovodrun_command(train, 4, hosts=[("a", 2)], horovodrun="hr")
+    assert main(["--horovod", "-np", "2", "--dry-run", "--", *train]) == 0
+    assert "horovodrun --gloo -np 2 -H localhost:2 python train.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--horovod", "--", *train])  # no -np
+    assert "--horovod needs -np" in capsys.readouterr().err

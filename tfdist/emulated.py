@@ -203,8 +203,9 @@ class EmulatedCluster:
         return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
     def tf_config(self, index: int) -> str:
-        return json.dumps({"cluster": {"worker": [f"{a}:{WORKER_PORT}" for a in self.addresses]},
-                           "task": {"type": "worker", "index": index}})
+        from tfdist.launch import cluster_config
+
+        return cluster_config(index, [f"{a}:{WORKER_PORT}" for a in self.addresses])
 
     def run_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]], timeout: float,
                     env: dict | None = None, echo: bool = False,

@@ -135,6 +135,7 @@ def load_plan(spec_path: str | Path | None = None, quick: bool = False,
                                list(entry.get("set", []))))
     if errors:
         raise ConfigError("Invalid benchmark:\n  " + "\n  ".join(errors))
+    algos = _drop_horovod_if_missing(algos, explicit=algorithms is not None)
     for n in parsed_hosts:  # more hosts than this machine holds: refused here, not midway
         try:
             emulated.check_can_emulate(n, emulated.parse_delay(delay) if delay else 0.0)
@@ -147,6 +148,20 @@ def load_plan(spec_path: str | Path | None = None, quick: bool = False,
             plan.configs[(n, algo.key)] = _run_config(plan, algo, n)
         plan.configs[(n, LIMIT)] = _limit_config(plan.configs[(n, algos[0].key)], n)
     return plan
+
+
+def _drop_horovod_if_missing(algos: list[Algorithm], explicit: bool) -> list[Algorithm]:
+    from tfdist.horovod import is_available
+
+    horovod = [a for a in algos if "engine.name=horovod" in a.overrides]
+    if not horovod or is_available():
+        return algos
+    names = ", ".join(a.key for a in horovod)
+    if explicit:
+        raise ConfigError(f"--algorithms: {names} need(s) Horovod, which is not installed: "
+                          "build it with launch/build_horovod.sh (BUILD.md)")
+    print(f"bench: Horovod is not installed; leaving out {names}", file=sys.stderr)
+    return [a for a in algos if a not in horovod]
 
 
 def _overrides(plan: Plan, algo: Algorithm) -> list[str]:
@@ -241,7 +256,9 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     before = cluster.tx_bytes()
-    results = cluster.run_workers(host_argv, timeout, env=env, on_line=on_line)
+    launch = (cluster.run_horovod_workers if config["engine"]["name"] == "horovod"
+              else cluster.run_workers)
+    results = launch(host_argv, timeout, env=env, on_line=on_line)
     sent = [b - a for a, b in zip(before, cluster.tx_bytes())]
     for r in results:
         (run_dir / f"worker{r.rank}.log").write_text(r.output)

@@ -219,6 +219,43 @@ class EmulatedCluster:
                      {**base, "TF_CONFIG": self.tf_config(i)}) for i in range(self.hosts)]
         return run_processes(commands, timeout, echo=echo, on_line=on_line)
 
+    def run_horovod_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]],
+                            timeout: float, env: dict | None = None, echo: bool = False,
+                            on_line: Callable[[int, str], None] | None = None) -> list[Any]:
+        """`argv` as one Horovod (Gloo) rank per host: what `horovodrun --gloo` does, without
+        its ssh: Horovod's rendezvous server runs on host 0, each rank gets its HOROVOD_*
+        variables and talks over its emulated link (eth0)."""
+        from tfdist.launch import run_processes
+
+        server = subprocess.Popen(
+            self.command(0, [sys.executable, "-c", _RENDEZVOUS,
+                             ",".join(f"{a}:1" for a in self.addresses), str(self.hosts)]),
+            stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert server.stdout is not None
+            port = server.stdout.readline().strip()
+            if not port.isdigit():
+                raise RuntimeError("Horovod's rendezvous server did not start on host 0 "
+                                   "(is Horovod installed? launch/build_horovod.sh)")
+            base = dict(os.environ if env is None else env)
+            base.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=self.addresses[0],
+                        HOROVOD_GLOO_RENDEZVOUS_PORT=port, HOROVOD_CONTROLLER="gloo",
+                        HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="eth0")
+            n = str(self.hosts)
+            # Horovod 0.28's process sets open their Gloo device by the host name, not by
+            # HOROVOD_GLOO_IFACE: each rank gets a UTS namespace named after its address.
+            commands = [(self.command(i, ["unshare", "--uts", "sh", "-c",
+                                          f'hostname {self.addresses[i]} && exec "$@"', "sh",
+                                          *(argv(i) if callable(argv) else argv)]),
+                         {**base, "HOROVOD_HOSTNAME": self.addresses[i], "HOROVOD_RANK": str(i),
+                          "HOROVOD_SIZE": n, "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+                          "HOROVOD_CROSS_RANK": str(i), "HOROVOD_CROSS_SIZE": n})
+                        for i in range(self.hosts)]
+            return run_processes(commands, timeout, echo=echo, on_line=on_line)
+        finally:
+            server.kill()
+            server.wait()
+
     def tx_bytes(self) -> list[int]:
         """Bytes each host has sent on its link so far (its interface's counter)."""
         counts = []
@@ -227,6 +264,19 @@ class EmulatedCluster:
                                  capture_output=True, text=True, check=True).stdout
             counts.append(int(json.loads(out)[0]["stats64"]["tx"]["bytes"]))
         return counts
+
+
+# Horovod's rendezvous (what horovodrun serves): argv = hosts "addr:slots,...", number of ranks.
+_RENDEZVOUS = """
+import sys, time
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.http.http_server import RendezvousServer
+server = RendezvousServer()
+port = server.start()
+server.init(get_host_assignments(parse_hosts(sys.argv[1]), int(sys.argv[2])))
+print(port, flush=True)
+time.sleep(10**9)
+"""
 
 
 def _tc(ns: str, *args: str) -> None:

@@ -113,14 +113,23 @@ def test_accumulation_matches_and_stage_2_keeps_one_gradient_shard(mirrored, sta
         assert kinds["gradient_buffers"] == expected
 
 
-def test_save_with_4_replicas_load_with_2_and_continue(mirrored, tmp_path):
+def _checkpoint_at_10(mirrored, path, make_saved, make_straight=None):
+    """10 steps on 4 replicas, saved to `path` (the model of `make_saved`); the uninterrupted
+    run (of `make_straight`, else the saved model) goes on for 10 steps on the later batches.
+    Returns that run's model and the later batches."""
     x, y = common.load_digits()
     later = (x[10 * BATCH:], y[10 * BATCH:])  # global batches 10, 11, ...
-    make = lambda: ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=2)  # noqa: E731
-    straight, _ = _fit(mirrored(4), make, steps=10)
-    path = str(tmp_path / "zero.keras")
-    straight.save(path)
+    straight, _ = _fit(mirrored(4), make_straight or make_saved, steps=10)
+    saved = straight if make_straight is None else _fit(mirrored(4), make_saved, steps=10)[0]
+    saved.save(path)
     _fit(mirrored(4), None, steps=10, x=later[0], y=later[1], model=straight)
+    return straight, later
+
+
+def test_save_with_4_replicas_load_with_2_and_continue(mirrored, tmp_path):
+    path = str(tmp_path / "zero.keras")
+    straight, later = _checkpoint_at_10(
+        mirrored, path, lambda: ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=2))
 
     two = mirrored(2)
     with two.scope():
@@ -174,15 +183,11 @@ def test_offloaded_checkpoint_is_consolidated_and_loads_elsewhere(mirrored, tmp_
     """Saved from host-offloaded state on 4 replicas; loaded on 2 replicas with the state in
     host memory (load_model), in files and on the devices (load_weights): each continues like
     the uninterrupted 4-replica run."""
-    x, y = common.load_digits()
-    later = (x[10 * BATCH:], y[10 * BATCH:])
     adam = lambda: keras.optimizers.Adam(1e-2)  # noqa: E731
-    straight, _ = _fit(mirrored(4), lambda: ZeroOptimizer(adam(), stage=2), steps=10)
-    offloaded, _ = _fit(mirrored(4), lambda: ZeroOptimizer(adam(), stage=2, offload="cpu"),
-                        steps=10)
     path = str(tmp_path / "offloaded.keras")
-    offloaded.save(path)
-    _fit(mirrored(4), None, steps=10, x=later[0], y=later[1], model=straight)
+    straight, later = _checkpoint_at_10(
+        mirrored, path, lambda: ZeroOptimizer(adam(), stage=2, offload="cpu"),
+        make_straight=lambda: ZeroOptimizer(adam(), stage=2))
 
     two = mirrored(2)
     with two.scope():

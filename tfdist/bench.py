@@ -183,13 +183,8 @@ COMPRESSION_CONFIGS = ("default", "fp16", "ef_topk", "randomk", "dgc", "qsgd", "
                        "ef_signsgd", "powersgd")
 
 
-def _configs_dir() -> Path:
-    here = Path("configs")
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
-
-
 def _compression_rows(quick: bool, out_dir: Path) -> list[dict]:
-    from tfdist.config import load_config
+    from tfdist.config import configs_dir, load_config
     from tfdist.runner import train
 
     rows = []
@@ -197,7 +192,7 @@ def _compression_rows(quick: bool, out_dir: Path) -> list[dict]:
         overrides = [f"train.output_dir={out_dir / name}", "train.verbose=0"]
         if quick:
             overrides.append("train.epochs=4")
-        config = load_config(_configs_dir() / f"{name}.yaml", overrides)
+        config = load_config(configs_dir() / f"{name}.yaml", overrides)
         t = time.time()
         s = train(config, progress=False)
         comp = s["compressor"]
@@ -268,7 +263,7 @@ LOCAL_SGD_RUNS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 
 
 def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
-    from tfdist.config import load_config
+    from tfdist.config import configs_dir, load_config
     from tfdist.runner import configure_devices, train
 
     configure_devices(max(devices for _, devices, _ in LOCAL_SGD_RUNS))  # once per process
@@ -278,7 +273,7 @@ def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
                      f"engine.devices={devices}", *settings]
         if quick:
             overrides.append("train.epochs=4")
-        config = load_config(_configs_dir() / "local_sgd.yaml", overrides)
+        config = load_config(configs_dir() / "local_sgd.yaml", overrides)
         t = time.time()
         s = train(config, progress=False)
         print(f"bench: [{i + 1}/{len(LOCAL_SGD_RUNS)}] {name} ({devices} devices): accuracy "

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from tfdist import emulated
-from tfdist.config import ConfigError, load_config
+from tfdist.config import ConfigError, configs_dir, load_config
 
 SPEC = "bench/comm.yaml"
 LIMIT = "limit"
@@ -67,17 +67,12 @@ class Plan:
         return len(self.hosts) * len(self.bandwidths) * (len(self.algorithms) + 1)
 
 
-def _configs_dir() -> Path:
-    here = Path("configs")
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
-
-
 def load_plan(spec_path: str | Path | None = None, quick: bool = False,
               hosts: list[str] | None = None, bandwidths: list[str] | None = None,
               algorithms: list[str] | None = None) -> Plan:
     """Reads and checks the spec and the command-line selection; builds and validates every
     run's config. Raises ConfigError (naming the value and the fix) before anything starts."""
-    path = Path(spec_path) if spec_path else _configs_dir() / SPEC
+    path = Path(spec_path) if spec_path else configs_dir() / SPEC
     if not path.is_file():
         raise ConfigError(f"Benchmark spec not found: {path}.")
     spec = yaml.safe_load(path.read_text()) or {}
@@ -131,7 +126,7 @@ def load_plan(spec_path: str | Path | None = None, quick: bool = False,
             errors.append(f"algorithms.{key}: unknown keys {sorted(bad)}; allowed: label, "
                           "config, set")
         algos.append(Algorithm(key, entry.get("label", key),
-                               _configs_dir() / entry.get("config", "default.yaml"),
+                               configs_dir() / entry.get("config", "default.yaml"),
                                list(entry.get("set", []))))
     if errors:
         raise ConfigError("Invalid benchmark:\n  " + "\n  ".join(errors))

@@ -284,6 +284,12 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, parsed
 
 
+def configs_dir() -> Path:
+    """configs/ of the working directory, else the one beside the package (a source checkout)."""
+    here = Path("configs")
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Reads a YAML config (or starts from defaults), applies overrides, validates."""
     raw: dict[str, Any] = {}

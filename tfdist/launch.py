@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.np is None:
                 raise ValueError("--horovod needs -np (the number of ranks)")
             cmd = horovodrun_command(
-                command, args.np, hosts=parse_hosts(args.hosts) if args.hosts else None,
+                command, args.np, hosts=hosts if args.hosts else None,
                 hostfile=args.hostfile, mpi=args.mpi, network_interface=args.network_interface,
                 min_np=args.min_np, max_np=args.max_np,
                 host_discovery_script=args.host_discovery_script,

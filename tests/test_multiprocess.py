@@ -6,6 +6,7 @@ a MirroredStrategy over 2 logical devices, on the same global batches.
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,6 +285,69 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, 
     assert stats["rounds"] == 20
     assert stats["bytes_sent"] == pytest.approx(20 * (ring_bytes("reduce_scatter", 8 * shard, 2)
                                                       + ring_bytes("all_gather", 4 * shard, 2)))
+
+
+@pytest.mark.parametrize(("engine", "offload"), [
+    ("multi_worker", None),
+    pytest.param("horovod", None, marks=[needs_horovod, pytest.mark.horovod]),
+    pytest.param("horovod", "disk", marks=[needs_horovod, pytest.mark.horovod])])
+def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, tmp_path,
+                                                          engine, offload):
+    """ZeroOptimizer(Adam) on 2 processes == plain Adam. Each process holds half of Adam's
+    state; tfdist.callbacks.ModelCheckpoint, passed on every rank, has the save gather the
+    halves and only rank 0 write. The file loads on 4 replicas and, trained on, equals 20
+    uninterrupted steps of plain Adam."""
+    import keras
+
+    import tfdist
+
+    ckpt = tmp_path / "ckpt" / "zero.keras"
+    argv = [*worker_cmd, "--engine", engine, "--out", str(tmp_path), "--optimizer", "adam",
+            "--steps", "10", "--zero", "2", "--checkpoint", str(ckpt),
+            *(["--offload", offload] if offload else [])]
+    if engine == "horovod":
+        result = run_horovod(argv, 2, TIMEOUT, env=worker_env())
+        assert result.returncode == 0, result.output[-5000:]
+    else:
+        results = run_tf_workers(argv, 2, TIMEOUT, env=worker_env())
+        assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    common.assert_weights_close(w0, _reference(mirrored, steps=10, optimizer="adam"),
+                                rtol=1e-5, atol=1e-6)
+    written = [json.loads((tmp_path / f"rank{r}.json").read_text())["checkpoint"]
+               for r in (0, 1)]
+    assert written[0] == str(ckpt) and ckpt.is_file()
+    assert written[1] != str(ckpt) and not Path(written[1]).exists()  # scratch, removed
+
+    four = mirrored(4)
+    with four.scope():
+        model = keras.saving.load_model(ckpt)
+    assert type(model.optimizer) is tfdist.ZeroOptimizer  # Horovod's checkpoint, this engine
+    assert int(model.optimizer.iterations.numpy()) == 10
+    x, y = common.load_digits()
+    model.fit(common.distribute(four, x[10 * 32:], y[10 * 32:], 32, shuffle=False), epochs=1,
+              steps_per_epoch=10, verbose=0)
+    assert model.optimizer.plan.world_size == 4
+    common.assert_weights_close(common.weights(model),
+                                _reference(mirrored, steps=20, optimizer="adam"),
+                                rtol=1e-5, atol=1e-6)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_zero_save_on_rank_0_alone_fails_clearly(worker_cmd, tmp_path):
+    """Horovod's usual `if hvd.rank() == 0: model.save(...)` cannot gather the other ranks'
+    shards: it fails after $TFDIST_ZERO_SAVE_TIMEOUT seconds, saying how to save instead."""
+    start = time.monotonic()
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", "adam",
+         "--steps", "2", "--zero", "1", "--save-on-rank0-only", str(tmp_path / "zero.keras")],
+        2, TIMEOUT, env={**worker_env(), "TFDIST_ZERO_SAVE_TIMEOUT": "5"})
+    assert result.returncode != 0
+    assert "did not join within 5 s" in result.output, result.output[-5000:]
+    assert "tfdist.callbacks.ModelCheckpoint" in result.output
+    assert time.monotonic() - start < TIMEOUT
 
 
 @needs_horovod

@@ -58,10 +58,15 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         return model, opt
 
     assert engine == "strategy" and strategy is not None
+    zero_stage = wrapper_kwargs.pop("zero_stage", 0)
+    offload = wrapper_kwargs.pop("offload", None)
     with strategy.scope():
         model = make_model(hidden)
         opt = make_inner_optimizer(optimizer)
-        if wrap:
+        if zero_stage:
+            opt = tfdist.ZeroOptimizer(opt, stage=zero_stage, offload=offload,
+                                       accumulation_steps=accumulation_steps)
+        elif wrap:
             opt = tfdist.DistributedOptimizer(opt, accumulation_steps=accumulation_steps,
                                               **wrapper_kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")

@@ -37,12 +37,17 @@ def main() -> None:
                    help="period for tfdist.MultiWorkerLocalSGDStrategy (0: off)")
     p.add_argument("--levels", default=None,
                    help="INTRA,INTER,HOST_SIZE: hierarchical local SGD (warm-up 1)")
-    p.add_argument("--zero", type=int, default=0, help="ZeroOptimizer stage (horovod; 0: off)")
+    p.add_argument("--zero", type=int, default=0, help="ZeroOptimizer stage (0: off)")
     p.add_argument("--offload", default=None, help="ZeroOptimizer offload: cpu or disk")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
                    help="JSON compressor config for tfdist.MultiWorkerCompressedStrategy")
+    p.add_argument("--checkpoint", default=None,
+                   help="fit with tfdist.callbacks.ModelCheckpoint(PATH, save_best_only) on "
+                   "every rank")
+    p.add_argument("--save-on-rank0-only", default=None,
+                   help="after fit, model.save(PATH) on rank 0 while the others wait (horovod)")
     p.add_argument("--plain-strategy", action="store_true",
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
     args = p.parse_args()
@@ -98,15 +103,28 @@ def main() -> None:
         extra.update(compressor={"name": "adaptive", "low": {"name": "topk", "ratio": 0.5},
                                  "high": {"name": "topk", "ratio": 0.05}},
                      min_compress_size=1024, callbacks=[accordion])
+    if args.checkpoint:  # save_best_only: the ranks' losses differ, rank 0's decides
+        checkpoint = tfdist.callbacks.ModelCheckpoint(args.checkpoint, monitor="loss",
+                                                      save_best_only=True)
+        extra["callbacks"] = [*extra.get("callbacks", []), checkpoint]
     model, opt = common.train(
         engine, args.steps, args.global_batch, strategy=strategy,
         accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
         **extra,
     )
+    if args.save_on_rank0_only:  # Horovod's usual way to save, which a ZeRO save cannot do
+        if rank == 0:
+            model.save(args.save_on_rank0_only)
+        else:
+            import horovod.tensorflow as hvd
+
+            hvd.allreduce(tf.constant(0.0), name="after_save")
     os.makedirs(args.out, exist_ok=True)
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
     stats = getattr(opt, "_tfdist_exchange", opt)  # the exchange a tfdist strategy attached
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
+    if args.checkpoint:  # where this rank's callback wrote
+        record["checkpoint"] = extra["callbacks"][-1].filepath
     if accordion is not None:
         record["decisions"] = [d.astype(int).tolist() for d in accordion.decisions]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

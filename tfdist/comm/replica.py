@@ -80,19 +80,22 @@ class ReplicaCommunicator(Communicator):
                                            for v in values], args=tensors)
         return results, int(tf.get_static_value(ctx.replica_id_in_sync_group)) % self.local_size
 
-    def _all_reduce(self, tensors, op):
-        ctx = _replica_context()
-        # Under MultiWorkerMirroredStrategy (one local device), tensors made inside a
-        # cross-replica tf.cond branch (see tfdist.comm.control) carry no device, which TF's
-        # reduction rejects ("destinations can not be empty"): pin them to the local device.
+    def _pinned(self, tensors: list) -> list:
+        """Under MultiWorkerMirroredStrategy (one local device), tensors made inside a cross-
+        replica tf.cond branch (see tfdist.comm.control) or read from variables in a step carry
+        no device, which TF's collectives reject ("destinations can not be empty"): pin them
+        to the local device."""
         local = self.strategy.extended.worker_devices
         if len(local) == 1 and any(not getattr(t, "device", "x") for t in tensors):
             with tf.device(local[0]):
-                tensors = [tf.identity(t) for t in tensors]
-        return list(ctx.all_reduce(_OPS[op], tensors))
+                return [tf.identity(t) for t in tensors]
+        return tensors
+
+    def _all_reduce(self, tensors, op):
+        return list(_replica_context().all_reduce(_OPS[op], self._pinned(tensors)))
 
     def _all_gather(self, tensor):
-        return _replica_context().all_gather(tensor, axis=0)
+        return _replica_context().all_gather(self._pinned([tensor])[0], axis=0)
 
     def _reduce_scatter(self, tensor, op):
         n = self.world_size

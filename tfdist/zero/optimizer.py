@@ -14,16 +14,23 @@ Bytes on the wire per step: reduce-scatter (N-1)/N x 4P plus all-gather (N-1) x 
 i.e. a dense all-reduce's 2 (N-1)/N x 4P (plus padding), as in the ZeRO paper.
 
 Checkpoints hold the consolidated (unsharded) state, so they load with any number of replicas.
+In a multi-process job (TF_CONFIG workers, Horovod ranks) a process holds only its own shards:
+saving all-gathers the others', so every process saves, as Keras' multi-worker saving expects
+(`tfdist.callbacks.ModelCheckpoint` does it and writes one file).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.comm.eager import eager_collectives
 from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
 from tfdist.strategies._tf_hooks import ComputedCheckpointEntry, hide_from_checkpoints
 from tfdist.zero.offload import Offload, OffloadedState
@@ -33,6 +40,9 @@ from tfdist.zero.plan import ShardPlan
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam",
                "Ftrl", "Lion")
 STAGES = (1, 2)
+# How long a save waits for the other Horovod ranks to join the gather of their shards.
+SAVE_TIMEOUT_ENV = "TFDIST_ZERO_SAVE_TIMEOUT"
+SAVE_TIMEOUT_SECONDS = 600.0
 
 
 def _check_inner(inner) -> None:
@@ -92,6 +102,8 @@ class ZeroOptimizer(DistributedOptimizer):
         ```
     """
 
+    _local_ranks: list[int] | None = None  # global ranks of this process's replicas
+
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
                  offload: Offload | str | dict | None = None, verify_model: bool = True,
                  name: str | None = None):
@@ -114,6 +126,8 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def build(self, var_list):
         self.exchange.build(self, var_list)  # byte and round counters
+        self._strategy = tf.distribute.get_strategy()  # saving may happen outside its scope
+        self._local_ranks = None
         self.plan = ShardPlan([v.shape for v in var_list], self.world_size)
         size = self.plan.shard_size
         self._shard = None
@@ -227,10 +241,9 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def _save_offloaded(self, store):
         state = self.offloaded
-        self._check_holds_every_shard(state.replicas)
         for i, (kind, item) in enumerate(self._offloaded_layout()):
-            store[str(i)] = (self.plan.consolidate([state.slot(r, item)
-                                                    for r in range(state.replicas)])
+            store[str(i)] = (self._consolidate([state.slot(r, item)
+                                                for r in range(state.replicas)])
                              if kind == "slot" else _replica_copies(item)[0].numpy())
 
     def _load_offloaded(self, store):
@@ -246,18 +259,46 @@ class ZeroOptimizer(DistributedOptimizer):
             for r, shard in enumerate(shards):
                 state.set_slot(r, item, shard)
 
-    def _check_holds_every_shard(self, held: int) -> None:
-        if held != self.plan.world_size:
-            raise NotImplementedError(
-                "ZeroOptimizer saves the consolidated state of every shard, which this "
-                f"process does not hold ({held} of {self.plan.world_size} "
-                "replicas): save from a single-process strategy (MirroredStrategy).")
+    # -- every replica's shard, wherever it lives ------------------------------------------------
+    def _ranks_here(self, held: int) -> list[int]:
+        """The global ranks of the `held` replicas of this process, in local order."""
+        if held == self.plan.world_size:
+            return list(range(held))
+        if self._local_ranks is None:
+            strategy = self._strategy
+            if strategy.num_replicas_in_sync > 1:  # TF_CONFIG workers
+                ids = strategy.run(
+                    lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
+                self._local_ranks = [int(i) for i in strategy.experimental_local_results(ids)]
+            else:  # Horovod: one replica per rank
+                self._local_ranks = [int(self._communicator().rank)]
+        return self._local_ranks
+
+    def _consolidate(self, shards: list) -> np.ndarray:
+        """The length-P value of a sharded variable from this process's `shards`. In a multi-
+        process job the other processes' shards are all-gathered: a collective, so every process
+        must be saving (a Horovod rank that waits longer than $TFDIST_ZERO_SAVE_TIMEOUT seconds
+        for the others says so)."""
+        shards = [np.asarray(s, np.float32) for s in shards]
+        if len(shards) == self.plan.world_size:
+            return self.plan.consolidate(shards)
+        first = min(self._ranks_here(len(shards)))
+        local = tf.constant(np.stack(shards))
+        comm, run = eager_collectives(self._strategy)
+        workers = self._strategy.num_replicas_in_sync > 1  # else Horovod, one shard per rank
+
+        def gather():
+            index = (tf.distribute.get_replica_context().replica_id_in_sync_group - first
+                     if workers else 0)
+            return comm.all_gather(tf.gather(local, index))
+
+        # TF_CONFIG workers: the strategy's collective timeout (timeout_seconds) applies.
+        full = run(gather) if workers else _with_deadline(lambda: run(gather), _save_timeout())
+        return np.asarray(full)[:self.plan.total]
 
     def _local_shards(self, value, held: int) -> list:
         shards = self.plan.split(value)
-        if held == 1 and self.plan.world_size > 1:  # one replica per process
-            return [shards[int(self._communicator().rank)]]
-        return shards
+        return [shards[r] for r in self._ranks_here(held)]
 
     @staticmethod
     def _check_count(store, variables) -> None:
@@ -306,8 +347,7 @@ class ZeroOptimizer(DistributedOptimizer):
         for i, var in enumerate(variables):
             copies = _replica_copies(var)
             if id(var) in sharded:
-                self._check_holds_every_shard(len(copies))
-                store[str(i)] = self.plan.consolidate([c.numpy() for c in copies])
+                store[str(i)] = self._consolidate([c.numpy() for c in copies])
             else:
                 store[str(i)] = copies[0].numpy()
                 if id(var) in per_replica and len(copies) > 1:
@@ -344,4 +384,56 @@ class ZeroOptimizer(DistributedOptimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"),
                                                       custom_objects=custom_objects)
-        return cls(inner, **config)
+        return _for_this_engine(cls)(inner, **config)
+
+
+def _horovod_running() -> bool:
+    """Horovod runs this process's training: initialised over several ranks, no multi-replica
+    tf.distribute strategy around."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    return (hvd is not None and hvd.is_initialized() and hvd.size() > 1
+            and tf.distribute.get_strategy().num_replicas_in_sync == 1)
+
+
+def _for_this_engine(cls):
+    """A checkpoint loads on the engine of the process loading it: saved by Horovod ranks,
+    it loads under MirroredStrategy (and the other way round), re-sharded either way."""
+    from tfdist.horovod.optimizer import ZeroOptimizer as HorovodZeroOptimizer
+
+    if _horovod_running():
+        return cls if issubclass(cls, HorovodZeroOptimizer) else HorovodZeroOptimizer
+    return ZeroOptimizer if issubclass(cls, HorovodZeroOptimizer) else cls
+
+
+def _save_timeout() -> float:
+    value = os.environ.get(SAVE_TIMEOUT_ENV)
+    try:
+        return float(value) if value else SAVE_TIMEOUT_SECONDS
+    except ValueError:
+        raise ValueError(f"${SAVE_TIMEOUT_ENV} must be a number of seconds; got {value!r}") \
+            from None
+
+
+def _with_deadline(fn, seconds: float):
+    """`fn()`, or a RuntimeError if it has not returned after `seconds` (Horovod collectives
+    have no timeout of their own: a save on one rank alone would wait forever)."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=target, name="tfdist-zero-save-gather", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise RuntimeError(
+            f"ZeroOptimizer: saving gathers every rank's shard of the optimizer state, and the "
+            f"other ranks did not join within {seconds:g} s. Save on every rank (pass "
+            "tfdist.callbacks.ModelCheckpoint to fit on every rank: it writes one file), not on "
+            f"rank 0 alone; ${SAVE_TIMEOUT_ENV} sets this wait.")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

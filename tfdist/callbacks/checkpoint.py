@@ -1,0 +1,91 @@
+"""`ModelCheckpoint` for multi-process jobs: every process saves, one file is written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def process_role(model: keras.Model) -> tuple[bool, bool]:
+    """(chief, multi_process) for the job `model` trains in: TF_CONFIG workers (the strategy's
+    chief, usually worker 0), Horovod ranks (rank 0), or one process (the chief)."""
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    extended = strategy.extended
+    if strategy.num_replicas_in_sync > 1 and \
+            strategy.num_replicas_in_sync > len(extended.worker_devices):
+        return bool(extended.should_checkpoint), True
+    try:
+        import horovod.tensorflow as hvd
+
+        if hvd.is_initialized() and hvd.size() > 1:
+            return hvd.rank() == 0, True
+    except ImportError:
+        pass
+    return True, False
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` that works in a multi-process job.
+
+    Pass it to `fit` on every process (TF_CONFIG worker or Horovod rank), not on rank 0 alone:
+    every process saves at the same points, so whatever the save gathers across processes (a
+    `tfdist.ZeroOptimizer`'s shards of the optimizer state) is gathered, and only the chief
+    (worker 0 / rank 0) writes `filepath`; the others write to a temporary directory that is
+    removed at the end of training. With `save_best_only`, every process takes the chief's
+    value of `monitor`, so they agree on when to save. In a single process it is exactly
+    `keras.callbacks.ModelCheckpoint`.
+
+    Args: those of `keras.callbacks.ModelCheckpoint`.
+
+    Example:
+        ```python
+        model.fit(ds, callbacks=[tfdist.callbacks.ModelCheckpoint("ckpt/epoch{epoch}.keras")])
+        ```
+    """
+
+    def __init__(self, filepath, *args, **kwargs):
+        super().__init__(filepath, *args, **kwargs)
+        self.chief_filepath = self.filepath
+        self._scratch: str | None = None
+        self._multi_process = False
+
+    def set_model(self, model):
+        super().set_model(model)
+        chief, self._multi_process = process_role(model)
+        if chief:
+            self.filepath = self.chief_filepath
+        else:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="tfdist-checkpoint-")
+            self.filepath = os.path.join(self._scratch, os.path.basename(self.chief_filepath))
+
+    def _agreed(self, logs):
+        """`logs` with the chief's value of the monitored quantity."""
+        if not (self.save_best_only and self._multi_process and logs
+                and self.monitor in logs):
+            return logs
+        from tfdist.comm.eager import eager_collectives
+
+        comm, run = eager_collectives(self.model.distribute_strategy)
+        value = tf.constant(float(np.asarray(logs[self.monitor])), tf.float64)
+        chiefs = run(lambda: comm.broadcast([value], root=0)[0])
+        return {**logs, self.monitor: float(chiefs)}
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq != "epoch":
+            logs = self._agreed(logs)
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, self._agreed(logs))
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None

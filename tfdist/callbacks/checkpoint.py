@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.comm.eager import eager_collectives, running_horovod
+
 
 def process_role(model: keras.Model) -> tuple[bool, bool]:
     """(chief, multi_process) for the job `model` trains in: TF_CONFIG workers (the strategy's
@@ -19,13 +21,9 @@ def process_role(model: keras.Model) -> tuple[bool, bool]:
     if strategy.num_replicas_in_sync > 1 and \
             strategy.num_replicas_in_sync > len(extended.worker_devices):
         return bool(extended.should_checkpoint), True
-    try:
-        import horovod.tensorflow as hvd
-
-        if hvd.is_initialized() and hvd.size() > 1:
-            return hvd.rank() == 0, True
-    except ImportError:
-        pass
+    hvd = running_horovod()
+    if hvd is not None:
+        return hvd.rank() == 0, True
     return True, False
 
 
@@ -69,8 +67,6 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if not (self.save_best_only and self._multi_process and logs
                 and self.monitor in logs):
             return logs
-        from tfdist.comm.eager import eager_collectives
-
         comm, run = eager_collectives(self.model.distribute_strategy)
         value = tf.constant(float(np.asarray(logs[self.monitor])), tf.float64)
         chiefs = run(lambda: comm.broadcast([value], root=0)[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -24,13 +25,15 @@ def eager_collectives(strategy: tf.distribute.Strategy | None = None
             return strategy.experimental_local_results(strategy.run(fn))[0]
 
         return ReplicaCommunicator(strategy), run
-    try:
-        import horovod.tensorflow as hvd
+    if running_horovod() is not None:
+        from tfdist.comm.horovod import HorovodCommunicator
 
-        if hvd.is_initialized() and hvd.size() > 1:
-            from tfdist.comm.horovod import HorovodCommunicator
-
-            return HorovodCommunicator(), lambda fn: fn()
-    except ImportError:
-        pass
+        return HorovodCommunicator(), lambda fn: fn()
     return LocalCommunicator(), lambda fn: fn()
+
+
+def running_horovod():
+    """`horovod.tensorflow` when this process is one of several initialised Horovod ranks, else
+    None (a process running Horovod has imported it already)."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd if hvd is not None and hvd.is_initialized() and hvd.size() > 1 else None

@@ -22,7 +22,6 @@ saving all-gathers the others', so every process saves, as Keras' multi-worker s
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from typing import Any
 
@@ -30,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.eager import eager_collectives
+from tfdist.comm.eager import eager_collectives, running_horovod
 from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
 from tfdist.strategies._tf_hooks import ComputedCheckpointEntry, hide_from_checkpoints
 from tfdist.zero.offload import Offload, OffloadedState
@@ -388,10 +387,8 @@ class ZeroOptimizer(DistributedOptimizer):
 
 
 def _horovod_running() -> bool:
-    """Horovod runs this process's training: initialised over several ranks, no multi-replica
-    tf.distribute strategy around."""
-    hvd = sys.modules.get("horovod.tensorflow")
-    return (hvd is not None and hvd.is_initialized() and hvd.size() > 1
+    """Horovod runs this process's training: several ranks, no multi-replica strategy around."""
+    return (running_horovod() is not None
             and tf.distribute.get_strategy().num_replicas_in_sync == 1)
 
 

@@ -28,7 +28,7 @@ def _fit(strategy, optimizer, callbacks):
         model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy")
     sent = []
     snapshot = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: sent.append(
-        tfdist.callbacks.comm_stats.find_exchange(model.optimizer).bytes_sent))
+        tfdist.optimizers.chain_of(model.optimizer).bytes_sent))
     model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
               steps_per_epoch=16, verbose=0, callbacks=[*callbacks, snapshot])
     return model, np.diff([0.0, *sent])
@@ -48,13 +48,14 @@ def test_switches_to_low_compression_at_the_jump_and_back(mirrored, entry):
     if entry == "wrapper":
         model, per_step = _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(
             keras.optimizers.SGD(0.0), compressor=adaptive), [accordion])
-        exchange = model.optimizer.exchange
+        chain = model.optimizer.chain
     else:
         model, per_step = _fit(tfdist.CompressedStrategy(adaptive, devices=common.cpu_devices(2)),
                                lambda: keras.optimizers.SGD(0.0), [accordion])
-        exchange = model.optimizer._tfdist_exchange
+        chain = tfdist.optimizers.chain_of(model.optimizer)
+    exchange = chain.exchange
     kernel = next(i for i, s in exchange.compression_state.items() if "critical" in s)
-    pos = sorted(exchange.grad_sq).index(kernel)
+    pos = sorted(chain.norms.grad_sq).index(kernel)
     # Decisions after intervals 1-4: start critical, calm, the jump, calm again.
     assert [bool(d[pos]) for d in accordion.decisions] == [True, False, True, False]
     # Every replica holds the same flag.

@@ -7,9 +7,9 @@ import pytest
 
 from tests.conftest import horovod_available
 from tests.test_emulated import needs_netns
-from tfdist import emulated
-from tfdist.bench_comm import LIMIT, load_plan, run_comm
-from tfdist.config import ConfigError
+from tfdist.tools import emulated
+from tfdist.tools.bench.comm import LIMIT, load_plan, run_comm
+from tfdist.tools.config import ConfigError
 
 SPEC = """
 job: [model.name=mlp, "model.hidden=[64]", data.global_batch_size=64, train.epochs=2]
@@ -48,6 +48,21 @@ def test_the_shipped_spec_is_valid_and_its_model_has_5m_parameters():
     quick = load_plan(quick=True)
     assert quick.hosts == [2] and quick.bandwidths == ["100mbit"]
     assert quick.configs[(2, "dense")]["train"]["epochs"] == 3
+    # The per-tensor rows are selectable, not in the default sweep.
+    assert "powersgd_per_tensor" not in [a.key for a in plan.algorithms]
+    chosen = load_plan(algorithms=["powersgd", "powersgd_per_tensor"])
+    assert chosen.configs[(2, "powersgd_per_tensor")]["compression"]["batched"] is False
+    assert chosen.configs[(2, "powersgd")]["compression"]["batched"] is True
+
+
+def test_a_malformed_spec_is_a_config_error(tmp_path):
+    path = tmp_path / "comm.yaml"
+    path.write_text("job: [model.name=mlp\nhosts: 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_plan(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_plan(path)
 
 
 @pytest.mark.parametrize("kwargs, message", [

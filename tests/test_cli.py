@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, horovod_available, worker_env
-from tfdist.launch import run_horovod, run_tf_workers
+from tfdist.tools.launch import run_horovod, run_tf_workers
 
-TFDIST = [sys.executable, "-m", "tfdist.cli"]
+TFDIST = [sys.executable, "-m", "tfdist.tools.cli"]
 
 
 def _run(args, timeout=300):

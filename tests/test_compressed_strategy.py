@@ -8,7 +8,7 @@ import tensorflow as tf
 import tfdist
 from tests.workers import common
 from tfdist import compression as C
-from tfdist.optimizers import _keras_hooks
+from tfdist.optimizers import chain_of
 
 STEPS, BATCH = 6, 32
 
@@ -32,8 +32,8 @@ def test_identity_compressor_equals_plain_mirrored_strategy(mirrored):
     ours = _fit(tfdist.CompressedStrategy(C.Identity(), devices=_devices(), min_compress_size=0,
                                           compress_1d=True),
                 lambda: common.make_inner_optimizer("adam"))
-    exchange = ours.optimizer._tfdist_exchange
-    assert len(exchange.compression_state) == 4 and exchange.communication_rounds == STEPS
+    chain = chain_of(ours.optimizer)
+    assert len(chain.exchange.compression_state) == 4 and chain.communication_rounds == STEPS
     common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0, atol=1e-6)
 
 
@@ -47,7 +47,7 @@ def test_same_weights_and_bytes_as_the_wrapper_with_the_same_compressor(mirrored
         common.make_inner_optimizer("sgd"), compressor=compressor))
     common.assert_weights_close(common.weights(via_strategy), common.weights(via_wrapper),
                                 rtol=0, atol=1e-6)
-    assert via_strategy.optimizer._tfdist_exchange.bytes_sent == via_wrapper.optimizer.bytes_sent
+    assert chain_of(via_strategy.optimizer).bytes_sent == via_wrapper.optimizer.bytes_sent
 
 
 def test_communication_stats_and_save_load_under_the_strategy(tmp_path):
@@ -64,9 +64,9 @@ def test_communication_stats_and_save_load_under_the_strategy(tmp_path):
     model.save(path)
     with tfdist.CompressedStrategy("powersgd", devices=_devices()).scope():
         loaded = keras.saving.load_model(path)
-    q_saved = next(v for vs in model.optimizer._tfdist_exchange.compression_state.values()
+    q_saved = next(v for vs in chain_of(model.optimizer).exchange.compression_state.values()
                    for k, v in vs.items() if k == "q")
-    q_loaded = next(v for vs in loaded.optimizer._tfdist_exchange.compression_state.values()
+    q_loaded = next(v for vs in chain_of(loaded.optimizer).exchange.compression_state.values()
                     for k, v in vs.items() if k == "q")
     np.testing.assert_array_equal(q_loaded.numpy(), q_saved.numpy())
 
@@ -74,7 +74,7 @@ def test_communication_stats_and_save_load_under_the_strategy(tmp_path):
 def test_optimizers_outside_tfdist_strategies_are_untouched(mirrored):
     tfdist.CompressedStrategy("fp16", devices=_devices())  # hooks installed
     model = _fit(mirrored(2), lambda: keras.optimizers.SGD(0.05))
-    assert getattr(model.optimizer, _keras_hooks.EXCHANGE_ATTRIBUTE, None) is None
+    assert chain_of(model.optimizer) is None
     assert isinstance(tfdist.CompressedStrategy("fp16", devices=_devices()),
                       tf.distribute.MirroredStrategy)
 
@@ -88,7 +88,7 @@ def test_mixed_float16_under_the_strategy_trains():
         keras.config.set_dtype_policy("float32")
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     inner = model.optimizer.inner_optimizer
-    assert inner._tfdist_exchange.communication_rounds > 0
+    assert chain_of(inner).communication_rounds > 0
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tfdist.config import ConfigError, defaults, load_config, parse_override, validate
+from tfdist.tools.config import ConfigError, defaults, load_config, parse_override, validate
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -41,27 +41,40 @@ def test_defaults_fill_missing_keys():
     ({"compression": {"name": "topk", "options": {"rate": 0.1}}}, "Bad arguments for compressor"),
     ({"averaging": {"period": 0}}, "averaging.period: got 0; must be an integer >= 1"),
     ({"averaging": {"period": 4, "warmup_steps": -1}}, "averaging.warmup_steps: got -1"),
-    ({"averaging": {"slowmo_momentum": 0.5}}, "slowmo_momentum: needs averaging.period"),
-    ({"averaging": {"period": 6, "intra_period": 4}}, "averaging.period (6) must be a multiple"),
-    ({"averaging": {"period": 4, "host_size": 2}}, "host_size: set averaging.intra_period"),
-    ({"averaging": {"period": 4, "sma_alpha": 0.2, "slowmo_momentum": 0.5}}, "not both"),
-    ({"averaging": {"period": 4, "sma_alpha": 1.5}}, "averaging.sma_alpha: got 1.5"),
-    ({"averaging": {"period": 1, "topology": "ring", "sma_alpha": 0.2}},
-     "'ring' gossip does not combine"),
+    ({"averaging": {"outer": {"name": "slowmo"}}}, "averaging.outer: needs averaging.period"),
+    ({"averaging": {"period": 6, "intra_period": 4}},
+     "averaging: `inter_period` must be a multiple of `intra_period` (4)"),
+    ({"averaging": {"period": 4, "host_size": 2}}, "host_size: needs averaging.intra_period"),
+    ({"averaging": {"period": 4, "outer": {"name": "nesterov"}}},
+     "averaging: `outer` must be an OuterRule"),
+    ({"averaging": {"period": 4, "outer": {"name": "sma", "alpha": 1.5}}},
+     "averaging: `alpha` must be in (0, 1]. Received: alpha=1.5"),
+    ({"averaging": {"period": 4, "outer": {"name": "slowmo", "beta": 0.5}}},
+     "Bad options for outer rule 'slowmo'"),
+    ({"averaging": {"period": 1, "topology": "ring", "outer": {"name": "sma"}}},
+     "averaging: Ring gossip averages with neighbours only"),
     ({"averaging": {"period": 2, "topology": "star"}}, "averaging.topology: got 'star'"),
-    ({"averaging": {"period": 4}, "compression": {"name": "fp16"}},
-     "local SGD does not combine with compression"),
     ({"optimizer": {"zero_stage": 3}}, "optimizer.zero_stage: got 3; must be one of"),
     ({"optimizer": {"offload": "disk"}}, "optimizer.offload: needs optimizer.zero_stage"),
     ({"optimizer": {"zero_stage": 1, "offload": "gpu"}}, "optimizer.offload: got 'gpu'"),
     ({"optimizer": {"zero_stage": 1, "offload_dir": "/tmp"}}, "only for optimizer.offload: disk"),
     ({"optimizer": {"zero_stage": 2}, "compression": {"name": "topk"}},
-     "ZeRO does not combine with compression"),
+     "it does not combine with compression or local SGD"),
 ])
 def test_errors_name_key_value_and_rule(raw, message):
     with pytest.raises(ConfigError) as e:
         validate(raw)
     assert message in str(e.value)
+
+
+def test_parts_compose_local_sgd_with_compression_and_accumulation():
+    from tfdist.tools.config import make_parts
+
+    config = validate({"averaging": {"period": 4, "warmup_steps": 8,
+                                     "outer": {"name": "slowmo", "momentum": 0.5}},
+                       "compression": {"name": "fp16"}, "optimizer": {"accumulation_steps": 2}})
+    kinds = [type(p).__name__ for p in make_parts(config)]
+    assert kinds == ["GradientExchange", "Accumulation", "LocalSGD"]
 
 
 def test_all_errors_are_reported_at_once():

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tfdist import emulated
-from tfdist.emulated import EmulatedCluster, parse_bandwidth, parse_delay
+from tfdist.tools import emulated
+from tfdist.tools.emulated import EmulatedCluster, parse_bandwidth, parse_delay
 
 needs_netns = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,

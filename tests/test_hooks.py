@@ -1,15 +1,18 @@
 """Every private TF/Keras hook tfdist uses still exists and still does what tfdist needs.
 
-If one of these fails after a TensorFlow or Keras upgrade, the hook moved: fix
-tfdist/optimizers/_keras_hooks.py or tfdist/strategies/_tf_hooks.py before anything else.
+If one of these fails after a TensorFlow or Keras upgrade, the hook moved: fix the module of
+tfdist/_hooks/ it names before anything else.
 """
 
 import keras
 import tensorflow as tf
 
-from tfdist.comm import control
-from tfdist.optimizers import _keras_hooks
-from tfdist.strategies import _tf_hooks, new_mirrored_strategy
+from tfdist._hooks import checkpoint as checkpoint_hooks
+from tfdist._hooks import distribute as distribute_hooks
+from tfdist._hooks import optimizer as _keras_hooks
+from tfdist._hooks import profiler as profiler_hooks
+from tfdist.comm import DistributeEngine
+from tfdist.strategies import new_mirrored_strategy
 
 
 def test_keras_reduces_gradients_in_the_hooked_method():
@@ -52,10 +55,13 @@ def test_disable_gradient_all_reduce_makes_apply_local(mirrored):
         == [-1.0, -1.0]
 
 
-def test_replica_cond_runs_collectives_in_a_branch(mirrored):
+def test_engine_cond_runs_collectives_in_a_branch(mirrored):
     strategy = mirrored(2)
+    comm = DistributeEngine(strategy).communicator()
+    assert distribute_hooks.uses_merge_call.__name__ == "uses_merge_call"
     with strategy.scope():
         total = tf.Variable(0.0, aggregation=tf.VariableAggregation.NONE)
+        assert distribute_hooks.uses_merge_call()  # MirroredStrategy reduces in merge_call
 
     @tf.function
     def step(pred):
@@ -66,7 +72,7 @@ def test_replica_cond_runs_collectives_in_a_branch(mirrored):
                 s = tf.distribute.get_replica_context().all_reduce("sum", x)
                 total.assign_add(s + x)  # x: this replica's own value
 
-            control.replica_cond(pred, add_sum, lambda x: None, args=[rid + 1.0])
+            comm.cond(pred, add_sum, lambda x: None, args=[rid + 1.0])
 
         strategy.run(fn)
 
@@ -78,7 +84,7 @@ def test_replica_cond_runs_collectives_in_a_branch(mirrored):
 
 
 def test_collective_key_base_hook_lets_strategies_coexist():
-    assert hasattr(tf.distribute.MirroredStrategy, _tf_hooks.KEY_BASE_ATTRIBUTE)
+    assert hasattr(tf.distribute.MirroredStrategy, distribute_hooks.KEY_BASE_ATTRIBUTE)
     results = []
     for dtype in (tf.float32, tf.int64):
         s = new_mirrored_strategy(["/cpu:0", "/cpu:1"])
@@ -98,9 +104,9 @@ def test_checkpoint_hooks_hide_objects_and_compute_an_entry(tmp_path):
     module = tf.Module()
     module.kept, module.hidden = tf.Variable(1.0), tf.Variable([2.0, 3.0])
     module.items = [module.kept, module.hidden]
-    _tf_hooks.hide_from_checkpoints(module, lambda: [module.hidden])
+    checkpoint_hooks.hide_from_checkpoints(module, lambda: [module.hidden])
     restored = {}
-    module.entry = _tf_hooks.ComputedCheckpointEntry(lambda: {"whole": [4.0, 5.0, 6.0]},
+    module.entry = checkpoint_hooks.ComputedCheckpointEntry(lambda: {"whole": [4.0, 5.0, 6.0]},
                                                      restored.update)
     path = tf.train.Checkpoint(m=module).save(str(tmp_path / "c"))
     names = dict(tf.train.list_variables(path))
@@ -120,7 +126,7 @@ def test_executed_devices_reports_the_device_each_node_ran_on():
             return tf.matmul(a, x, name="on_one")
 
     x = tf.ones((4, 4))
-    placed = _tf_hooks.executed_devices(f, x)
+    placed = profiler_hooks.executed_devices(f, x)
     assert placed["on_zero"][0].endswith("CPU:0")
     assert placed["on_one"][0].endswith("CPU:1")
     assert "MatMul" in placed["on_one"][1]
@@ -136,6 +142,29 @@ def test_profile_op_intervals_times_each_executed_node(tmp_path):
 
     f()
     intervals = {name: (start, end) for name, start, end in
-                 _tf_hooks.profile_op_intervals(f, str(tmp_path))}
+                 profiler_hooks.profile_op_intervals(f, str(tmp_path))}
     assert intervals["first"][1] > intervals["first"][0]
     assert intervals["second"][0] >= intervals["first"][1]  # the second waits for the first
+
+
+def test_variable_index_is_keras_own_lookup_and_apply_counter_is_the_wrappers():
+    variables = [keras.Variable([1.0]), keras.Variable([2.0, 3.0])]
+    opt = keras.optimizers.SGD()
+    opt.build(variables)
+    assert [_keras_hooks.variable_index(opt, v) for v in variables] == [0, 1]
+    wrapper = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    wrapper.build(variables)
+    _keras_hooks.count_apply(wrapper)
+    assert int(wrapper._iterations.numpy()) == 1 and int(wrapper.iterations.numpy()) == 0
+
+
+def test_instance_patches_bypass_keras_tracking_and_place_slots():
+    opt = keras.optimizers.Adam()
+    _keras_hooks.replace_method(opt, "_tfdist_flag", [keras.Variable(1.0)])
+    assert opt._tfdist_flag and not any(v is opt._tfdist_flag[0] for v in opt.variables)
+    with tf.device("/cpu:1"):
+        var = keras.Variable(tf.zeros([2]))
+    _keras_hooks.create_slots_on_variable_devices(opt)
+    opt.build([var])
+    slots = [v for v in opt.variables if tuple(v.shape) == (2,)]
+    assert slots and all(v.value.device.endswith("CPU:1") for v in slots)

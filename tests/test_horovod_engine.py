@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, horovod_available, worker_env
 from tests.workers import common
-from tfdist.launch import run_horovod
+from tfdist.tools.launch import run_horovod
 
 needs_horovod = pytest.mark.skipif(
     not horovod_available(),
@@ -33,14 +33,21 @@ def test_import_tfdist_works_without_horovod():
 
 
 @needs_horovod
-def test_horovod_optimizer_serializes_under_its_own_name():
+def test_horovod_optimizers_are_the_engine_neutral_classes():
+    """One class per algorithm whatever the engine: a Horovod-saved optimizer's config names
+    tfdist.DistributedOptimizer (so it loads anywhere), and the names tfdist 0.1 saved under
+    ("tfdist.horovod>...") still load."""
+    import tfdist
     import tfdist.horovod as thvd
 
+    assert thvd.DistributedOptimizer is tfdist.DistributedOptimizer
+    assert thvd.ZeroOptimizer is tfdist.ZeroOptimizer
     opt = thvd.DistributedOptimizer(keras.optimizers.SGD(0.1), accumulation_steps=2)
     config = keras.saving.serialize_keras_object(opt)
-    assert config["registered_name"] == "tfdist.horovod>DistributedOptimizer"
-    again = keras.saving.deserialize_keras_object(config)
-    assert type(again) is thvd.DistributedOptimizer and again.accumulation_steps == 2
+    assert config["registered_name"] == "tfdist>DistributedOptimizer"
+    for name in ("tfdist>DistributedOptimizer", "tfdist.horovod>DistributedOptimizer"):
+        again = keras.saving.deserialize_keras_object({**config, "registered_name": name})
+        assert type(again) is tfdist.DistributedOptimizer and again.accumulation_steps == 2
 
 
 @needs_horovod

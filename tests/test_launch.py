@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tfdist.launch import (
+from tfdist.tools.launch import (
     free_ports,
     horovodrun_command,
     main,

@@ -12,7 +12,7 @@ from tfdist.comm import ring_bytes
 BATCH = 32
 
 
-def _model_and_fit(strategy, local_sgd, *, hidden=(32,), bn=False):
+def _model_and_fit(strategy, local_sgd, *, hidden=(32,), bn=False, batch=BATCH, **options):
     x, y = common.load_digits()
     with strategy.scope():
         keras.utils.set_random_seed(common.SEED)
@@ -23,11 +23,11 @@ def _model_and_fit(strategy, local_sgd, *, hidden=(32,), bn=False):
             h = keras.layers.BatchNormalization()(h)
         model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
         opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                          local_sgd=local_sgd)
+                                          local_sgd=local_sgd, **options)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         if bn and local_sgd is not None:
             opt.average_also(model.non_trainable_variables)
-    data = common.distribute(strategy, x, y, BATCH, shuffle=False)
+    data = common.distribute(strategy, x, y, batch, shuffle=False)
 
     def fit(steps):
         model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
@@ -98,9 +98,9 @@ def test_period_8_makes_7x_fewer_rounds_at_sync_accuracy(mirrored, capsys):
 def test_local_sgd_arguments_and_config():
     with pytest.raises(ValueError, match="PeriodicSchedule"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=8)
-    with pytest.raises(ValueError, match="either `compressor` or `local_sgd`"):
-        tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
-                                    compressor="fp16")
+    with pytest.raises(ValueError, match="Two parts of the same kind"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), tfdist.optimizers.Accumulation(2),
+                                    accumulation_steps=4)
     with pytest.raises(ValueError, match="average_also needs `local_sgd`"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD()).average_also([])
     opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(4, 10))
@@ -121,10 +121,33 @@ def test_resumed_run_does_not_repeat_the_warm_up(mirrored, tmp_path):
     assert loaded.optimizer.communication_rounds == opt.communication_rounds == 3 + 0
 
 
-def test_local_sgd_refuses_accumulation():
-    with pytest.raises(ValueError, match="does not combine with gradient accumulation"):
-        tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
-                                    accumulation_steps=2)
+def test_local_sgd_composes_with_accumulation(mirrored):
+    """Period 1 with 2 micro-steps per step == synchronous training with 2 micro-steps."""
+    sync, _, fit_sync = _model_and_fit(mirrored(2), None, batch=BATCH // 2, accumulation_steps=2)
+    local, opt, fit_local = _model_and_fit(mirrored(2), PeriodicSchedule(period=1), batch=BATCH // 2,
+                                           accumulation_steps=2)
+    fit_sync(8)
+    fit_local(8)
+    common.assert_weights_close(common.weights(local), common.weights(sync), rtol=0, atol=1e-6)
+    assert opt.averaging.steps == 4  # one local step per 2 micro-steps
+
+
+def test_local_sgd_composes_with_a_compressed_warm_up(mirrored):
+    """The synchronous warm-up goes through the gradient exchange, compressed or not: with the
+    identity compressor the run equals plain post-local SGD; with FP16 each warm-up exchange
+    sends half the bytes, and the averaging rounds are unchanged."""
+    schedule = PeriodicSchedule(period=2, warmup_steps=3)
+    plain, plain_opt, fit_plain = _model_and_fit(mirrored(2), schedule)
+    same, _, fit_same = _model_and_fit(mirrored(2), schedule, compressor=tfdist.compression.Identity(),
+                                       min_compress_size=0, compress_1d=True)
+    half, half_opt, fit_half = _model_and_fit(mirrored(2), schedule, compressor="fp16",
+                                              min_compress_size=0, compress_1d=True)
+    for fit in (fit_plain, fit_same, fit_half):
+        fit(7)  # 3 warm-up exchanges, then 2 averaging rounds
+    common.assert_weights_close(common.weights(same), common.weights(plain), rtol=0, atol=1e-6)
+    params = 4 * plain.count_params()
+    assert plain_opt.bytes_sent == pytest.approx(5 * ring_bytes("all_reduce", params, 2))
+    assert half_opt.bytes_sent == pytest.approx((3 * 0.5 + 2) * ring_bytes("all_reduce", params, 2))
 
 
 def _fit_slowmo(strategy, slowmo, steps):
@@ -224,11 +247,11 @@ def test_local_sgd_strategy_equals_the_wrapper_and_averages_batchnorm(mirrored):
                       loss="sparse_categorical_crossentropy")
     model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
               steps_per_epoch=8, verbose=0)
-    averaging = model.optimizer._tfdist_averaging
+    averaging = tfdist.optimizers.chain_of(model.optimizer).local_sgd
     assert {id(v) for v in averaging.also_averaged} == {
         id(v.value) for v in model.non_trainable_variables}  # found without being named
     common.assert_weights_close(common.weights(model), common.weights(wrapper), rtol=0, atol=1e-6)
-    assert model.optimizer._tfdist_exchange.bytes_sent == wrapper_opt.bytes_sent
+    assert tfdist.optimizers.chain_of(model.optimizer).bytes_sent == wrapper_opt.bytes_sent
     a, b = _replica_weights(model)  # step 8 ended an averaging round (local steps 3 and 6)
     common.assert_weights_close(a, b, rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="period=0"):
@@ -342,13 +365,13 @@ def test_sma_matches_the_crossbow_recurrence(mirrored):
                                                                4 * model.count_params(), n))
     with pytest.raises(ValueError, match="alpha=0"):
         SMA(alpha=0)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="either `slowmo` or `sma`"):
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), local_sgd=PeriodicSchedule(2),
                                     sma=SMA(), slowmo=tfdist.averaging.SlowMo())
 
 
 def _momentum_copies(optimizer):
-    from tfdist.optimizers.distributed import _replica_copies
+    from tfdist.comm import replica_copies as _replica_copies
 
     slots = [v for v in optimizer.variables if "momentum" in v.path and "slowmo" not in v.path]
     assert slots
@@ -396,7 +419,7 @@ def test_local_sgd_strategy_hierarchical_with_optimizer_state_equals_the_wrapper
     wrapper, strategy_model = results
     common.assert_weights_close(common.weights(strategy_model), common.weights(wrapper),
                                 rtol=0, atol=1e-6)
-    exchange = strategy_model.optimizer._tfdist_exchange
+    exchange = tfdist.optimizers.chain_of(strategy_model.optimizer)
     assert exchange.bytes_sent == pytest.approx(wrapper.optimizer.bytes_sent)
     slots = _momentum_copies(strategy_model.optimizer)
     for copies in slots:  # host round: each host's replicas agree on the optimizer state too

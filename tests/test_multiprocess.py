@@ -5,6 +5,7 @@ a MirroredStrategy over 2 logical devices, on the same global batches.
 """
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from tests.conftest import ROOT, horovod_available, worker_env
 from tests.workers import common
 from tfdist.comm import ring_bytes
-from tfdist.launch import run_horovod, run_tf_workers
+from tfdist.tools.launch import run_horovod, run_tf_workers
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 240
@@ -366,3 +367,62 @@ def test_pipeline_in_each_of_two_horovod_ranks(tmp_path, kind, schedule):
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     reference = common.train_pipelined("local", kind, 8, 32, schedule)
     common.assert_weights_close(w0, common.weights(reference), rtol=1e-5, atol=1e-6)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_checkpoints_load_on_the_other_engine_both_ways(mirrored, tmp_path):
+    """One class per algorithm, whatever the engine. Saved under MirroredStrategy(2) after 5
+    steps and loaded on 2 Horovod ranks, DistributedOptimizer(Adam, PowerSGD) and
+    ZeroOptimizer(Adam, stage 2) train 5 more steps to the weights of 10 uninterrupted steps
+    (each rank resumes its own replica's PowerSGD residual and Q, and its own shard). Saved by
+    the Horovod ranks, both load under MirroredStrategy as the same classes with their state,
+    and train on (ZeRO on 4 replicas: == 15 uninterrupted steps of Adam)."""
+    import keras
+
+    import tfdist
+
+    psgd = {"compressor": {"name": "powersgd", "rank": 2}, "min_compress_size": 64}
+    straight, _ = common.train("strategy", 10, 32, strategy=mirrored(2), optimizer="adam", **psgd)
+    first, _ = common.train("strategy", 5, 32, strategy=mirrored(2), optimizer="adam", **psgd)
+    first.save(tmp_path / "powersgd.keras")
+    zero_first, _ = common.train("strategy", 5, 32, strategy=mirrored(2), optimizer="adam",
+                                 zero_stage=2)
+    zero_first.save(tmp_path / "zero.keras")
+
+    result = run_horovod([sys.executable, f"{ROOT}/tests/workers/cross_engine_worker.py",
+                          str(tmp_path), str(tmp_path / "powersgd.keras"),
+                          str(tmp_path / "zero.keras")], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    for r in (0, 1):
+        common.assert_weights_close(common.load_weights(str(tmp_path / f"powersgd_rank{r}.npz")),
+                                    common.weights(straight), rtol=1e-5, atol=1e-6)
+        common.assert_weights_close(common.load_weights(str(tmp_path / f"zero_rank{r}.npz")),
+                                    _reference(mirrored, steps=10, optimizer="adam"),
+                                    rtol=1e-5, atol=1e-6)
+
+    two = mirrored(2)
+    with two.scope():
+        back = keras.saving.load_model(tmp_path / "powersgd_horovod.keras")
+    assert type(back.optimizer) is tfdist.DistributedOptimizer
+    assert isinstance(back.optimizer.compressor, tfdist.compression.PowerSGD)
+    assert int(back.optimizer.inner_optimizer.iterations.numpy()) == 10
+    q = [v for s in back.optimizer.exchange.compression_state.values() for k, v in s.items()
+         if k == "q"]
+    assert q and all(np.array_equal(*[c.numpy() for c in v.value.values]) for v in q)
+    before = common.weights(back)
+    x, y = common.load_digits()
+    back.fit(common.distribute(two, x[10 * 32:], y[10 * 32:], 32, shuffle=False), epochs=1,
+             steps_per_epoch=2, verbose=0)
+    assert all(np.isfinite(w).all() for w in common.weights(back))
+    assert any(not np.allclose(a, b) for a, b in zip(before, common.weights(back)))
+
+    four = mirrored(4)
+    with four.scope():
+        zero = keras.saving.load_model(tmp_path / "zero_horovod.keras")
+    assert type(zero.optimizer) is tfdist.ZeroOptimizer
+    zero.fit(common.distribute(four, x[10 * 32:], y[10 * 32:], 32, shuffle=False), epochs=1,
+             steps_per_epoch=5, verbose=0)
+    common.assert_weights_close(common.weights(zero),
+                                _reference(mirrored, steps=15, optimizer="adam"),
+                                rtol=1e-5, atol=1e-6)

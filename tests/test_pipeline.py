@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests.workers.common import cpu_devices
+from tfdist._hooks.profiler import executed_devices
 from tfdist.pipeline import (
     ColumnParallelDense,
     Pipeline,
@@ -25,7 +26,6 @@ from tfdist.pipeline import (
     split,
 )
 from tfdist.pipeline.schedule import Task
-from tfdist.strategies._tf_hooks import executed_devices
 
 ATOL = 1e-6
 
@@ -488,7 +488,7 @@ def test_tensor_parallel_bad_input():
 
 
 def test_stage_idle_fractions_from_op_intervals():
-    from tfdist.pipeline.measure import stage_idle_fractions
+    from tfdist.tools.bench.pipeline import stage_idle_fractions
 
     intervals = [("stage0/F0/dense/MatMul", 0, 10), ("stage0/F1/dense/MatMul", 5, 20),
                  ("gradient_tape/stage1/F0/dense/MatMul", 20, 30), ("stage1/B0/x", 35, 40),

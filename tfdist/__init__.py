@@ -1,13 +1,14 @@
 """tfdist: distributed training for Keras 3 `model.fit` on TensorFlow 2.21.
 
-Two engines share one algorithm core: the tf.distribute engine (strategies, and the
-`DistributedOptimizer` wrapper under any strategy) and the Horovod engine
-(`tfdist.horovod`, imported on demand so `import tfdist` works without Horovod).
+One algorithm core, handed an engine: the tf.distribute engine (strategies, and the wrappers
+under any strategy), the Horovod engine (`tfdist.horovod`, imported on demand so `import tfdist`
+works without Horovod), and a world of one. The tools around the library (the `tfdist` command,
+configs, benchmarks, the emulated cluster, launchers) live in `tfdist.tools`, which the library
+never imports.
 """
 
-from tfdist import averaging, callbacks, comm, compression, data, pipeline, zero
-from tfdist.optimizers import DistributedOptimizer
-from tfdist.optimizers.exchange import GradientExchange
+from tfdist import averaging, callbacks, comm, compression, data, optimizers, pipeline, tensor_parallel, zero
+from tfdist.optimizers import DistributedOptimizer, GradientExchange
 from tfdist.strategies import (
     CompressedStrategy,
     LocalSGDStrategy,
@@ -34,6 +35,8 @@ __all__ = [
     "comm",
     "compression",
     "data",
+    "optimizers",
     "pipeline",
+    "tensor_parallel",
     "zero",
 ]

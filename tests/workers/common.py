@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.data import distribute, global_batches, load_digits, shard_batches
-from tfdist.models import build_model  # noqa: F401 (re-exported for workers)
+from tfdist.tools.models import build_model  # noqa: F401 (re-exported for workers)
 
 SEED = 3
 HIDDEN = (16,)
@@ -43,10 +43,10 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         zero_stage = wrapper_kwargs.pop("zero_stage", 0)
         offload = wrapper_kwargs.pop("offload", None)
         if zero_stage:
-            opt = thvd.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
+            opt = tfdist.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
                                      accumulation_steps=accumulation_steps, offload=offload)
         else:
-            opt = thvd.DistributedOptimizer(make_inner_optimizer(optimizer),
+            opt = tfdist.DistributedOptimizer(make_inner_optimizer(optimizer),
                                             accumulation_steps=accumulation_steps,
                                             **wrapper_kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")

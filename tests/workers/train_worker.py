@@ -121,7 +121,7 @@ def main() -> None:
             hvd.allreduce(tf.constant(0.0), name="after_save")
     os.makedirs(args.out, exist_ok=True)
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
-    stats = getattr(opt, "_tfdist_exchange", opt)  # the exchange a tfdist strategy attached
+    stats = tfdist.optimizers.chain_of(opt)  # the wrapper's, or what a strategy attached
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
     if args.checkpoint:  # where this rank's callback wrote
         record["checkpoint"] = extra["callbacks"][-1].filepath

@@ -18,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.callbacks.comm_stats import find_exchange
-from tfdist.comm.eager import eager_collectives
+from tfdist.comm import resolve
+from tfdist.optimizers import chain_of
 
 MODES = ("compression", "batch_size")
 
@@ -71,14 +71,15 @@ class Accordion(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
-        self._exchange = find_exchange(optimizer)
-        if self._exchange is None or not self._exchange.grad_sq:
+        chain = chain_of(optimizer)
+        self._norms = None if chain is None else chain.norms
+        if self._norms is None:
             raise ValueError(
-                "Accordion needs a tfdist exchange that tracks gradient norms: an Adaptive "
+                "Accordion needs a tfdist optimizer that tracks gradient norms: an Adaptive "
                 "compressor, or DistributedOptimizer(..., track_norms=True).")
-        self._indices = sorted(self._exchange.grad_sq)
-        self._flags = {i: s["critical"] for i, s in self._exchange.compression_state.items()
-                       if "critical" in s}
+        self._indices = sorted(self._norms.grad_sq)
+        state = chain.exchange.compression_state if chain.exchange is not None else {}
+        self._flags = {i: s["critical"] for i, s in state.items() if "critical" in s}
         if self.mode == "compression" and not self._flags:
             raise ValueError("Accordion(mode='compression') needs an Adaptive(low, high) "
                              "compressor with at least one tensor large enough to compress.")
@@ -89,7 +90,7 @@ class Accordion(keras.callbacks.Callback):
                 if self._optimizer is None:
                     raise ValueError("Accordion(mode='batch_size') needs tfdist."
                                      "DistributedOptimizer(..., variable_accumulation=True).")
-        self._comm, self._run = eager_collectives(self.model.distribute_strategy)
+        self._engine = resolve(self.model.distribute_strategy)
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches += 1
@@ -101,15 +102,15 @@ class Accordion(keras.callbacks.Callback):
             self._decide(logs)
 
     def _decide(self, logs) -> None:
-        norms = self._exchange.mean_gradient_norms()
+        norms = self._norms.mean_gradient_norms()
         mine = critical_regimes(self._previous, norms, self.eta).astype(np.float32)
         # Rank 0's decision (and norms) for everyone.
-        shared = self._run(lambda: self._comm.broadcast(
+        shared = self._engine.run(lambda comm: comm.broadcast(
             [tf.constant(mine), tf.constant(norms, tf.float32)], root=0))
         critical = np.asarray(shared[0]) > 0.5
         self._previous = np.asarray(shared[1], dtype=np.float64)
         self.decisions.append(critical)
-        self._exchange.reset_norms()
+        self._norms.reset()
         if self.mode == "compression":
             for pos, i in enumerate(self._indices):
                 if i in self._flags:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from tfdist.comm.eager import eager_collectives
+from tfdist.comm import resolve
+from tfdist.optimizers import chain_of
 
 RULES = (None, "adacomm", "progress")
 
@@ -29,7 +30,8 @@ def adacomm_period(initial_period: int, initial_loss: float, loss: float) -> int
 
 
 class AveragingPeriodSchedule(keras.callbacks.Callback):
-    """Sets `DistributedOptimizer(local_sgd=...)`'s averaging period each epoch.
+    """Sets local SGD's averaging period each epoch (`DistributedOptimizer(local_sgd=...)` or
+    `tfdist.LocalSGDStrategy`).
 
     Args:
         schedule: `{epoch: period}` or a function epoch -> period; None to use `rule`.
@@ -60,22 +62,21 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
         self.periods: list[int] = []
 
     def on_train_begin(self, logs=None):
-        opt = self.model.optimizer
-        while opt is not None and not hasattr(opt, "set_averaging_period"):
-            opt = getattr(opt, "inner_optimizer", None)
-        if opt is None or opt.local_sgd is None:
-            raise ValueError("AveragingPeriodSchedule needs tfdist.DistributedOptimizer(..., "
-                             "local_sgd=PeriodicSchedule(...)).")
-        self._optimizer = opt
-        self._comm, self._run = eager_collectives(self.model.distribute_strategy)
-        self._initial_period = opt.averaging_period
+        chain = chain_of(self.model.optimizer)
+        self._local_sgd = None if chain is None else chain.local_sgd
+        if self._local_sgd is None:
+            raise ValueError("AveragingPeriodSchedule needs local SGD: tfdist.DistributedOptimizer("
+                             "..., local_sgd=PeriodicSchedule(...)) or tfdist.LocalSGDStrategy.")
+        self._engine = resolve(self.model.distribute_strategy)
+        self._initial_period = self._local_sgd.period
         self._initial_loss = self._last_loss = None
 
     def _set(self, period: int) -> None:
         period = int(min(max(period, self.min_period), self.max_period)) if self.rule else period
-        shared = self._run(lambda: self._comm.broadcast([tf.constant([float(period)])], root=0))
+        shared = self._engine.run(
+            lambda comm: comm.broadcast([tf.constant([float(period)])], root=0))
         period = int(round(float(tf.reshape(shared[0], [-1])[0])))
-        self._optimizer.set_averaging_period(period)
+        self._local_sgd.set_period(period)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.schedule is None:
@@ -88,7 +89,7 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
                 self._set(self.schedule[max(started)])
 
     def on_epoch_end(self, epoch, logs=None):
-        period = self._optimizer.averaging_period
+        period = self._local_sgd.period
         loss = None if logs is None else logs.get("loss")
         if self.rule is not None and loss is not None:
             loss = float(loss)
@@ -101,7 +102,7 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
                 period = period * 2 if fell else max(1, period // 2)
             self._last_loss = loss
             self._set(period)
-            period = self._optimizer.averaging_period
+            period = self._local_sgd.period
         self.periods.append(period)
         if logs is not None:
             logs["averaging_period"] = float(period)

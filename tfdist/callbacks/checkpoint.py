@@ -10,21 +10,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.eager import eager_collectives, running_horovod
+from tfdist.comm import resolve
 
 
 def process_role(model: keras.Model) -> tuple[bool, bool]:
     """(chief, multi_process) for the job `model` trains in: TF_CONFIG workers (the strategy's
     chief, usually worker 0), Horovod ranks (rank 0), or one process (the chief)."""
-    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
-    extended = strategy.extended
-    if strategy.num_replicas_in_sync > 1 and \
-            strategy.num_replicas_in_sync > len(extended.worker_devices):
-        return bool(extended.should_checkpoint), True
-    hvd = running_horovod()
-    if hvd is not None:
-        return hvd.rank() == 0, True
-    return True, False
+    engine = resolve(getattr(model, "distribute_strategy", None))
+    return engine.is_chief, engine.multi_process
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -67,9 +60,9 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if not (self.save_best_only and self._multi_process and logs
                 and self.monitor in logs):
             return logs
-        comm, run = eager_collectives(self.model.distribute_strategy)
+        engine = resolve(self.model.distribute_strategy)
         value = tf.constant(float(np.asarray(logs[self.monitor])), tf.float64)
-        chiefs = run(lambda: comm.broadcast([value], root=0)[0])
+        chiefs = engine.run(lambda comm: comm.broadcast([value], root=0)[0])
         return {**logs, self.monitor: float(chiefs)}
 
     def on_train_batch_end(self, batch, logs=None):

@@ -1,4 +1,5 @@
-"""Communication statistics (bytes sent, rounds) in the logs and in TensorBoard."""
+"""Communication statistics (bytes sent, collective calls, rounds) in the logs and in
+TensorBoard."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import time
 
 import keras
 import tensorflow as tf
+
+from tfdist.optimizers import chain_of
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -23,25 +26,12 @@ class StepTimer(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def find_exchange(optimizer):
-    """The tfdist GradientExchange behind an optimizer (a tfdist wrapper, or a Keras optimizer
-    built under a tfdist strategy, possibly inside Keras' LossScaleOptimizer), or None."""
-    from tfdist.optimizers.distributed import DistributedOptimizer
-
-    while optimizer is not None:
-        if isinstance(optimizer, DistributedOptimizer):
-            return optimizer.exchange
-        if getattr(optimizer, "_tfdist_exchange", None) is not None:
-            return optimizer._tfdist_exchange
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return None
-
-
 class CommunicationStats(keras.callbacks.Callback):
     """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch),
-    `communication_rounds`, `bytes_vs_dense` (bytes sent / what dense float32 all-reduces of
-    the same exchanges would send) and `step_seconds` (the epoch's wall time per batch) to the
-    epoch logs, and writes them to TensorBoard.
+    `collectives_per_step` (collective calls per training batch: per gradient exchange for
+    synchronous algorithms), `communication_rounds`, `bytes_vs_dense` (bytes sent / what dense
+    float32 all-reduces of the same exchanges would send) and `step_seconds` (the epoch's wall
+    time per batch) to the epoch logs, and writes them to TensorBoard.
 
     Args:
         log_dir: Optional TensorBoard log directory (event files under `log_dir/comm`).
@@ -59,7 +49,7 @@ class CommunicationStats(keras.callbacks.Callback):
         self._step = 0
 
     def on_train_begin(self, logs=None):
-        self._optimizer = find_exchange(self.model.optimizer)
+        self._optimizer = chain_of(self.model.optimizer)
         if self._optimizer is None:
             raise ValueError(
                 "CommunicationStats needs a tfdist optimizer (tfdist.DistributedOptimizer, "
@@ -71,6 +61,7 @@ class CommunicationStats(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_bytes = self._optimizer.bytes_sent
         self._epoch_start_rounds = self._optimizer.communication_rounds
+        self._epoch_start_calls = self._optimizer.collective_calls
         self._epoch_batches = 0
         self._epoch_start_time = time.perf_counter()
 
@@ -85,6 +76,8 @@ class CommunicationStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         sent = self._optimizer.bytes_sent - self._epoch_start_bytes
         per_step = sent / max(self._epoch_batches, 1)
+        calls = (self._optimizer.collective_calls - self._epoch_start_calls) / max(
+            self._epoch_batches, 1)
         rounds = self._optimizer.communication_rounds - self._epoch_start_rounds
         dense = self._optimizer.dense_bytes_per_exchange()
         ratio = sent / (rounds * dense) if rounds and dense else None
@@ -92,12 +85,14 @@ class CommunicationStats(keras.callbacks.Callback):
         if logs is not None:
             logs["step_seconds"] = step_seconds
             logs["bytes_per_step"] = per_step
+            logs["collectives_per_step"] = calls
             logs["communication_rounds"] = float(self._optimizer.communication_rounds)
             if ratio is not None:
                 logs["bytes_vs_dense"] = ratio
         if self._writer is not None:
             with self._writer.as_default(step=self._step):
                 tf.summary.scalar("bytes_per_step", per_step)
+                tf.summary.scalar("collectives_per_step", calls)
                 tf.summary.scalar("step_seconds", step_seconds)
                 if ratio is not None:
                     tf.summary.scalar("bytes_vs_dense", ratio)

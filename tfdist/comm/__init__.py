@@ -1,23 +1,46 @@
-"""Collective communication with exact byte accounting (see `tfdist.comm.base`)."""
+"""Engines and collective communication with exact byte accounting.
+
+* `Engine` (`engine.py`): how this process's replicas train together, handed to every
+  algorithm; `resolve()` finds the running one. Engines: `DistributeEngine` (tf.distribute,
+  `distribute.py`), `HorovodEngine` (`horovod.py`), `LocalEngine` (a world of one).
+* `Communicator` (`base.py`): the collectives an engine offers inside a train step, counting
+  the bytes each worker sends and the collective calls; `fused_all_reduce` /
+  `fused_all_gather` pack many tensors into one call.
+"""
 
 from tfdist.comm.base import (
     ByteCounter,
     Communicator,
     LocalCommunicator,
+    fused_all_gather,
+    fused_all_reduce,
     ring_bytes,
     static_nbytes,
 )
 from tfdist.comm.consistency import model_fingerprint, verify_same_model
-from tfdist.comm.eager import eager_collectives
-from tfdist.comm.replica import ReplicaCommunicator
+from tfdist.comm.distribute import DistributeEngine, ReplicaCommunicator
+from tfdist.comm.engine import ENGINES, Engine, LocalEngine, activate, register, replica_copies, resolve
+from tfdist.comm.engine import get as get_engine
+from tfdist.comm.horovod import HorovodEngine
 
 __all__ = [
     "ByteCounter",
     "Communicator",
+    "DistributeEngine",
+    "ENGINES",
+    "Engine",
+    "HorovodEngine",
     "LocalCommunicator",
-    "eager_collectives",
+    "LocalEngine",
     "ReplicaCommunicator",
+    "activate",
+    "fused_all_gather",
+    "fused_all_reduce",
+    "get_engine",
     "model_fingerprint",
+    "register",
+    "replica_copies",
+    "resolve",
     "ring_bytes",
     "static_nbytes",
     "verify_same_model",

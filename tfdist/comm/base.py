@@ -1,8 +1,9 @@
 """The Communicator interface and exact byte accounting.
 
-Every algorithm in tfdist moves data only through a `Communicator`. Two engines implement it:
-`ReplicaCommunicator` (the tf.distribute replica context) and `HorovodCommunicator`; a
-`LocalCommunicator` stands for a world of one.
+Every algorithm in tfdist moves data only through a `Communicator`, which an engine
+(`tfdist.comm.Engine`) makes: `ReplicaCommunicator` (the tf.distribute replica context),
+`HorovodCommunicator`, and `LocalCommunicator` for a world of one. Besides the collectives it
+offers the replica-safe conditional (`cond`) that algorithms use around collectives.
 
 Byte accounting. Each collective adds to a `ByteCounter` the bytes *this worker sends* under the
 bandwidth-optimal ring algorithms, for a world of N workers and a payload of S bytes:
@@ -17,12 +18,19 @@ bandwidth-optimal ring algorithms, for a world of N workers and a payload of S b
 
 The counts are computed from static shapes when the step is traced and added to a variable each
 time the collective actually runs, so a collective inside a branch that is not taken adds nothing.
+The same counter also counts collective *calls* (one per all_reduce / all_gather / ... call,
+whatever the number of tensors it carries): many small messages cost more than their bytes.
+
+Fusion. `fused_all_reduce` and `fused_all_gather` pack many tensors into one flat buffer per
+dtype (per element size for all-gathers, which move raw bits) and so make one collective call
+where a loop over tensors would make one each.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -59,20 +67,27 @@ def static_nbytes(tensors: Sequence[tf.Tensor]) -> int:
 
 
 class ByteCounter:
-    """Adds the bytes a worker sends to a float64 scalar variable, inside or outside tf.function.
+    """Adds the bytes a worker sends to a float64 scalar variable, inside or outside tf.function,
+    and (with `calls`) the number of collective calls to an int64 one.
 
     Args:
         variable: A scalar float64 variable owned by the caller (an optimizer variable, so that
             checkpoints carry the total). Every replica adds the same amount, so a variable whose
             replicas update independently (aggregation "none") stays consistent.
+        calls: Optional scalar int64 variable counting collective calls.
     """
 
-    def __init__(self, variable):
+    def __init__(self, variable, calls=None):
         self.variable = variable
+        self.calls = calls
 
     def add(self, nbytes: float) -> None:
         if nbytes:
             self.variable.assign_add(tf.constant(nbytes, dtype=tf.float64))
+
+    def add_call(self) -> None:
+        if self.calls is not None:
+            self.calls.assign_add(tf.constant(1, dtype=tf.int64))
 
     @property
     def total(self) -> float:
@@ -210,6 +225,7 @@ class Communicator(abc.ABC):
         if self._supports_groups(group_size):
             if self.counter is not None:
                 self.counter.add(ring_bytes("all_reduce", static_nbytes(tensors), group_size))
+                self.counter.add_call()
             return self._group_all_reduce(tensors, group_size, op)
         groups = n // group_size
         group = tf.cast(self.rank, tf.int32) // group_size
@@ -220,8 +236,25 @@ class Communicator(abc.ABC):
         return [tf.gather(r, group) * tf.cast(scale, r.dtype) for r in reduced]
 
     def _count(self, kind: str, payload: int) -> None:
-        if self.counter is not None:
+        if self.counter is not None and self.world_size > 1:
             self.counter.add(ring_bytes(kind, payload, self.world_size))
+            self.counter.add_call()
+
+    # -- control flow ----------------------------------------------------------------------------
+    def cond(self, pred, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
+             args: Sequence = ()) -> Any:
+        """`tf.cond` whose branches may run collectives and optimizer updates.
+
+        `pred` must be the same on every worker. Per-replica tensors must reach the branches
+        through `args` (they are called as `fn(*args)`), never through a closure: an engine may
+        run the branches outside the replica (tf.distribute's merge_call), where a captured
+        tensor would be another replica's. Variables may be captured.
+
+        Returns:
+            The taken branch's outputs, or None when the branches return None.
+        """
+        args = list(args)
+        return tf.cond(pred, lambda: true_fn(*args), lambda: false_fn(*args))
 
 
 def _check_op(op: str) -> None:
@@ -251,3 +284,50 @@ class LocalCommunicator(Communicator):
 
     def _broadcast(self, tensors, root):  # pragma: no cover
         return tensors
+
+
+# -- fusion: many tensors, one collective call -----------------------------------------------------
+def _flat_groups(tensors: Sequence[tf.Tensor], key) -> dict:
+    """{group key: [index, ...]} in first-seen order."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(key(t), []).append(i)
+    return groups
+
+
+def fused_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor],
+                     op: str = "sum") -> list[tf.Tensor]:
+    """All-reduces `tensors` as one flat buffer per dtype: one collective call per dtype (one in
+    the usual case), whatever the number of tensors. Returns them reduced, in their shapes."""
+    tensors = list(tensors)
+    out: list[Any] = [None] * len(tensors)
+    groups = _flat_groups(tensors, lambda t: t.dtype)
+    buffers = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) for idx in groups.values()]
+    for idx, reduced in zip(groups.values(), comm.all_reduce(buffers, op=op) if buffers else []):
+        sizes = [int(tensors[i].shape.num_elements()) for i in idx]
+        for i, part in zip(idx, tf.split(reduced, sizes)):
+            out[i] = tf.reshape(part, tensors[i].shape)
+    return out
+
+
+_WORD = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
+
+
+def fused_all_gather(comm: Communicator, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """All-gathers `tensors` as one buffer of raw words per element size (one collective call in
+    the usual case, where every payload has 4-byte elements). Returns, for each tensor, every
+    worker's copy stacked: shape [world_size, *shape], in rank order."""
+    tensors = list(tensors)
+    n = comm.world_size
+    out: list[Any] = [None] * len(tensors)
+    for idx in _flat_groups(tensors, lambda t: t.dtype.size).values():
+        word = _WORD[tensors[idx[0]].dtype.size]
+        flat = [tf.reshape(tensors[i], [-1]) for i in idx]
+        raw = [f if f.dtype == word else tf.bitcast(f, word) for f in flat]
+        gathered = tf.reshape(comm.all_gather(tf.concat(raw, 0)), [n, -1])
+        sizes = [int(f.shape[0]) for f in flat]
+        for i, part in zip(idx, tf.split(gathered, sizes, axis=1)):
+            t = tensors[i]
+            part = part if t.dtype == word else tf.bitcast(part, t.dtype)
+            out[i] = tf.reshape(part, [n, *t.shape])
+    return out

@@ -1,13 +1,15 @@
-"""Communicator over Horovod ranks (one process per rank, launched by `horovodrun`).
+"""The Horovod engine: one process per rank, launched by `horovodrun`.
 
-Horovod is imported when the communicator is created, never at `import tfdist`.
+Horovod is imported when the engine or its communicator is created, never at `import tfdist`.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from tfdist.comm.base import ByteCounter, Communicator
+from tfdist.comm.engine import Engine, register
 
 # This process's Horovod process set for each group size (created once, on every rank).
 _GROUP_SETS: dict[int, object] = {}
@@ -88,3 +90,43 @@ class HorovodCommunicator(Communicator):
         return [self._hvd.broadcast(t, root_rank=root) for t in tensors]
 
 
+@register
+class HorovodEngine(Engine):
+    """Horovod ranks. `tfdist.horovod.init()` initialises Horovod and activates this engine; a
+    process that called `horovod.tensorflow.init()` itself is detected too (several ranks, no
+    tf.distribute strategy in scope). No strategy divides the loss here.
+    """
+
+    name = "horovod"
+    loss_divided_by_replicas = False
+
+    def __init__(self):
+        self._hvd = import_horovod()
+        if not self._hvd.is_initialized():
+            raise RuntimeError("Horovod is not initialised: call tfdist.horovod.init() first.")
+
+    @classmethod
+    def detect(cls, strategy):
+        hvd = sys.modules.get("horovod.tensorflow")
+        if hvd is not None and hvd.is_initialized() and hvd.size() > 1:
+            return cls()
+        return None
+
+    def communicator(self, counter=None):
+        return HorovodCommunicator(counter)
+
+    @property
+    def world_size(self) -> int:
+        return int(self._hvd.size())
+
+    @property
+    def process_count(self) -> int:
+        return self.world_size
+
+    @property
+    def process_index(self) -> int:
+        return int(self._hvd.rank())
+
+    @property
+    def local_size(self) -> int:
+        return int(self._hvd.local_size())

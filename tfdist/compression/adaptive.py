@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.comm.control import replica_cond
-from tfdist.compression.base import Compressor
+from tfdist.compression.base import Compressor, get, register, serialize
 
 
+@register("adaptive")
 class Adaptive(Compressor):
     """Switches each tensor between a `low` and a `high` compression setting.
 
@@ -48,6 +48,12 @@ class Adaptive(Compressor):
     def _split(state, prefix):
         return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
+    def reduce_all(self, xs, states, step, comm, op="sum"):
+        """Each tensor follows its own flag, so each is reduced on its own (a conditional per
+        tensor: `low` or `high`, each with its own collectives)."""
+        pairs = [self.reduce(x, s, step, comm, op) for x, s in zip(xs, states)]
+        return [r for r, _ in pairs], [s for _, s in pairs]
+
     def reduce(self, x, state, step, comm, op="sum"):
         low_state, high_state = self._split(state, "low"), self._split(state, "high")
         low_keys, high_keys = sorted(low_state), sorted(high_state)
@@ -64,8 +70,8 @@ class Adaptive(Compressor):
                 return [out, *[lows[k] for k in low_keys], *[highs[k] for k in high_keys]]
             return branch
 
-        outputs = replica_cond(tf.equal(state["critical"], 1), run(self.low, True),
-                               run(self.high, False), args=[x, *flat])
+        outputs = comm.cond(tf.equal(state["critical"], 1), run(self.low, True),
+                            run(self.high, False), args=[x, *flat])
         out, rest = outputs[0], outputs[1:]
         new_state = dict(state)
         for k, v in zip(low_keys, rest[:len(low_keys)]):
@@ -82,6 +88,8 @@ class Adaptive(Compressor):
         return self.high.decompress(payload, ctx)
 
     def get_config(self):
-        from tfdist.compression.registry import serialize
-
         return {"low": serialize(self.low), "high": serialize(self.high)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(get(config["low"]), get(config["high"]))

@@ -12,18 +12,27 @@ anything that depends on a worker's data travels in the payload. `step` (the exc
 
 A compressor is either *summable* (payloads of different workers may be added element-wise, so
 they go through all-reduce: FP16, random-k with a shared seed, PowerSGD) or not (top-k, QSGD,
-sign...: payloads are all-gathered and each worker's is decompressed). `reduce` implements that
-routing over a `tfdist.comm.Communicator`; multi-round schemes (PowerSGD) override it.
+sign...: payloads are all-gathered and each worker's is decompressed). `reduce_all` implements
+that routing for every compressed tensor of one exchange at once, over a
+`tfdist.comm.Communicator`: all payloads in one fused all-reduce, or one fused all-gather, so an
+exchange costs one collective call rather than one per tensor. `reduce` does the same for one
+tensor. Multi-round schemes (PowerSGD) override both.
 Keras-facing code turns the state into variables, so strategies place it and checkpoints carry it.
+
+Names: each compressor class registers under a name (`@register("topk")`) for configs;
+`get({"name": "topk", "ratio": 0.01})` builds one and `serialize(c)` writes its config.
 """
 
 from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from tfdist.comm import Communicator, fused_all_gather, fused_all_reduce
 
 Payload = tuple[tf.Tensor, ...]
 State = dict[str, tf.Tensor]
@@ -58,6 +67,7 @@ class Compressor(abc.ABC):
 
     summable: bool = False
     unbiased: bool = False
+    registry_name: str = ""  # set by @register
 
     def applies_to(self, shape: tf.TensorShape) -> bool:
         """Whether compressing a tensor of this shape pays off (else it is sent dense)."""
@@ -76,8 +86,11 @@ class Compressor(abc.ABC):
     def decompress(self, payload: Payload, ctx: Any) -> tf.Tensor:
         """Rebuilds a tensor of the original shape and dtype from one worker's payload."""
 
-    def reduce(self, x: tf.Tensor, state: State, step: tf.Tensor, comm, op: str = "sum"):
-        """Sum (or mean) of `x` over workers through `comm`; returns (result, new state)."""
+    def reduce(self, x: tf.Tensor, state: State, step: tf.Tensor, comm: Communicator,
+               op: str = "sum") -> tuple[tf.Tensor, State]:
+        """Sum (or mean) of one tensor `x` over workers through `comm`; returns (result, new
+        state). The per-tensor path: one all-reduce of its payload, or one all-gather per
+        payload tensor (`GradientExchange(batched=False)` uses it, for comparison)."""
         payload, ctx, state = self.compress(x, state, step, comm.rank)
         n = comm.world_size
         if self.summable:
@@ -90,14 +103,94 @@ class Compressor(abc.ABC):
             total = total / tf.cast(n, total.dtype)
         return total, state
 
+    def reduce_all(self, xs: Sequence[tf.Tensor], states: Sequence[State], step: tf.Tensor,
+                   comm: Communicator, op: str = "sum") -> tuple[list[tf.Tensor], list[State]]:
+        """Sum (or mean) over workers of every tensor of one exchange; returns (results, new
+        states). Summable payloads go in one fused all-reduce, the others in one fused
+        all-gather (each worker's payload decompressed and summed)."""
+        compressed = [self.compress(x, s, step, comm.rank) for x, s in zip(xs, states)]
+        flat = [t for payload, _, _ in compressed for t in payload]
+        n = comm.world_size
+        if self.summable:
+            reduced = iter(fused_all_reduce(comm, flat, "sum"))
+            totals = [self.decompress(tuple(next(reduced) for _ in payload), ctx)
+                      for payload, ctx, _ in compressed]
+        else:
+            gathered = iter(fused_all_gather(comm, flat))  # each: [n, *payload tensor shape]
+            totals = []
+            for payload, ctx, _ in compressed:
+                mine = [next(gathered) for _ in payload]
+                totals.append(tf.add_n([self.decompress(tuple(g[w] for g in mine), ctx)
+                                        for w in range(n)]))
+        if op == "mean" and n > 1:
+            totals = [t / tf.cast(n, t.dtype) for t in totals]
+        return totals, [new for _, _, new in compressed]
+
     def get_config(self) -> dict[str, Any]:
         return {}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Compressor:
+        try:
+            return cls(**config)
+        except TypeError as e:
+            raise ValueError(f"Bad arguments for compressor {cls.registry_name!r}: {e}") from None
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
 
 
+COMPRESSORS: dict[str, type[Compressor]] = {}
+
+
+def register(name: str):
+    """Class decorator: makes a compressor known to configs under `name`."""
+    def add(cls: type[Compressor]) -> type[Compressor]:
+        cls.registry_name = name
+        COMPRESSORS[name] = cls
+        return cls
+    return add
+
+
+def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor | None:
+    """A compressor from a name (+ keyword arguments), a config dict, an instance, or None.
+
+    A config is {"name": ..., **arguments}, optionally with "error_feedback": true, e.g.
+    `get({"name": "topk", "ratio": 0.01, "error_feedback": True})`.
+    """
+    if spec is None or isinstance(spec, Compressor):
+        if kwargs:
+            raise ValueError(f"Arguments {sorted(kwargs)} need a compressor name, not {spec!r}.")
+        return spec
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        if "name" not in spec:
+            raise ValueError(f"A compressor config needs a 'name', one of {sorted(COMPRESSORS)}. "
+                             f"Received: {spec!r}")
+        name = spec.pop("name")
+        error_feedback = spec.pop("error_feedback", False)
+        compressor = get(name, **spec, **kwargs)
+        if not error_feedback:
+            return compressor
+        return COMPRESSORS["error_feedback"].from_config({"inner": serialize(compressor)})
+    if not isinstance(spec, str) or spec.lower() not in COMPRESSORS:
+        raise ValueError(f"Unknown compressor {spec!r}; choose one of {sorted(COMPRESSORS)} "
+                         "('error_feedback' takes 'inner', 'adaptive' takes 'low' and 'high').")
+    return COMPRESSORS[spec.lower()].from_config(kwargs)
+
+
+def serialize(compressor: Compressor | None) -> dict[str, Any] | None:
+    """The config `get` builds `compressor` from (None for None)."""
+    if compressor is None:
+        return None
+    if not compressor.registry_name:
+        raise ValueError(f"{type(compressor).__name__} is not registered: decorate it with "
+                         "@tfdist.compression.register(name) to save it in a config.")
+    return {"name": compressor.registry_name, **compressor.get_config()}
+
+
+@register("none")
 class Identity(Compressor):
     """No compression: the dense tensor is the payload (summable)."""
 

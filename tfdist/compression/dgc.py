@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
 
+@register("dgc")
 class DGC(Compressor):
     """Deep gradient compression. Keeps its own error feedback (the accumulator v).
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor
+from tfdist.compression.base import Compressor, get, register, serialize
 
 
+@register("error_feedback")
 class ErrorFeedback(Compressor):
     """Wraps any compressor with a residual: compress(x + e); e <- (x + e) - decompress(...).
 
@@ -50,6 +51,8 @@ class ErrorFeedback(Compressor):
         return self.inner.decompress(payload, ctx)
 
     def get_config(self):
-        from tfdist.compression.registry import serialize
-
         return {"inner": serialize(self.inner)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(get(config["inner"]))

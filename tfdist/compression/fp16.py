@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor
+from tfdist.compression.base import Compressor, register
 
 
 class _Cast(Compressor):
@@ -18,6 +18,7 @@ class _Cast(Compressor):
         return tf.cast(payload[0], ctx)
 
 
+@register("fp16")
 class FP16(_Cast):
     """IEEE half precision on the wire (Horovod's `Compression.fp16`). Large sums can overflow
     float16's range (65504): prefer BF16 for gradients of unscaled large magnitude."""
@@ -25,6 +26,7 @@ class FP16(_Cast):
     wire_dtype = tf.float16
 
 
+@register("bf16")
 class BF16(_Cast):
     """bfloat16 on the wire: float32's range, 8 bits of mantissa."""
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, stateless_seed
+from tfdist.comm import fused_all_reduce
+from tfdist.compression.base import Compressor, register, stateless_seed
 
 
 def matrix_shape(shape) -> tuple[int, int]:
@@ -36,6 +37,7 @@ def orthogonalize(p: tf.Tensor, eps: float = 1e-8) -> tf.Tensor:
     return tf.stack(cols, axis=1)
 
 
+@register("powersgd")
 class PowerSGD(Compressor):
     """Rank-`rank` PowerSGD with error feedback and warm start.
 
@@ -88,7 +90,23 @@ class PowerSGD(Compressor):
             self.seed, state["tensor_seed"], step))
         return tf.cast(q, state["q"].dtype)
 
+    def reduce_all(self, xs, states, step, comm, op="sum"):
+        """Every matrix of the exchange together: all P's in one fused all-reduce, all Q's in
+        another (two collective calls however many matrices; PyTorch's PowerSGD hook batches the
+        same way)."""
+        matrices = [tf.reshape(x + tf.cast(s["residual"], x.dtype), matrix_shape(x.shape))
+                    for x, s in zip(xs, states)]
+        ps = fused_all_reduce(comm, [m @ self._q(s, x.shape, step)
+                                     for m, s, x in zip(matrices, states, xs)], "sum")
+        ps = [orthogonalize(p, self.eps) for p in ps]
+        q_locals = [tf.transpose(m) @ p for m, p in zip(matrices, ps)]
+        qs = fused_all_reduce(comm, q_locals, "sum")
+        out = [self._finish(x, s, m, p, q_local, q, comm, op)
+               for x, s, m, p, q_local, q in zip(xs, states, matrices, ps, q_locals, qs)]
+        return [t for t, _ in out], [new for _, new in out]
+
     def reduce(self, x, state, step, comm, op="sum"):
+        """One matrix: P all-reduced, then Q (two collective calls per matrix)."""
         shape = x.shape
         n, m = matrix_shape(shape)
         matrix = tf.reshape(x + tf.cast(state["residual"], x.dtype), [n, m])
@@ -96,6 +114,11 @@ class PowerSGD(Compressor):
         p = orthogonalize(p, self.eps)
         q_local = tf.transpose(matrix) @ p
         (q,) = comm.all_reduce([q_local], op="sum")
+        return self._finish(x, state, matrix, p, q_local, q, comm, op)
+
+    def _finish(self, x, state, matrix, p, q_local, q, comm, op):
+        """The reduced tensor and the new state (residual, warm-start Q) from P and Q."""
+        shape = x.shape
         residual = matrix - p @ tf.transpose(q_local)
         total = p @ tf.transpose(q)
         if op == "mean" and comm.world_size > 1:

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.compression import packing
-from tfdist.compression.base import Compressor, stateless_seed
+from tfdist.compression.base import Compressor, register, stateless_seed
 
 
 def _code_bits(num_codes: int) -> int:
@@ -21,6 +21,7 @@ def _code_bits(num_codes: int) -> int:
     raise ValueError(f"too many quantization codes: {num_codes}")
 
 
+@register("qsgd")
 class QSGD(Compressor):
     """Unbiased stochastic quantization of each bucket to `levels` uniform levels in [0, 1].
 
@@ -86,6 +87,7 @@ class QSGD(Compressor):
         return {"levels": self.levels, "bucket_size": self.bucket_size, "seed": self.seed}
 
 
+@register("nuqsgd")
 class NUQSGD(QSGD):
     """QSGD with exponentially spaced levels {0, 2^(1-s), ..., 1/2, 1}: finer near zero, where
     most normalized gradient entries lie."""

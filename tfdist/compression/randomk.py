@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
 
+@register("randomk")
 class RandomK(Compressor):
     """Keeps a random `ratio` share of elements, the same ones on every worker.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.compression import packing
-from tfdist.compression.base import Compressor
+from tfdist.compression.base import Compressor, register
 
 
 def _signs(x):
@@ -21,6 +21,7 @@ def _signs(x):
     return flat, positive, packing.pack(tf.cast(positive, tf.int32), 1)
 
 
+@register("signsgd")
 class SignSGD(Compressor):
     """x -> mean(|x|) * sign(x); 1 bit per element plus one float32 scale."""
 
@@ -36,6 +37,7 @@ class SignSGD(Compressor):
         return tf.cast(tf.reshape(sign * scale[0], shape), dtype)
 
 
+@register("onebit")
 class OneBit(Compressor):
     """1-bit SGD: two reconstruction values (mean of positives, mean of the rest) plus 1 bit each."""
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.compression import packing
-from tfdist.compression.base import Compressor, stateless_seed
+from tfdist.compression.base import Compressor, register, stateless_seed
 
 
+@register("terngrad")
 class TernGrad(Compressor):
     """Unbiased ternary quantization with a per-tensor scale max|x|.
 

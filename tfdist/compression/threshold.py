@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
 
+@register("threshold")
 class Threshold(Compressor):
     """Sends elements with |x| >= `threshold`, at most a `max_ratio` share of them.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, check_ratio, num_kept
+from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 
 
 def scatter(values: tf.Tensor, indices: tf.Tensor, shape: tf.TensorShape, dtype) -> tf.Tensor:
@@ -16,6 +16,7 @@ def scatter(values: tf.Tensor, indices: tf.Tensor, shape: tf.TensorShape, dtype)
     return tf.reshape(dense, shape)
 
 
+@register("topk")
 class TopK(Compressor):
     """Keeps the `ratio` share of elements with the largest magnitude.
 

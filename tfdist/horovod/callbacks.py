@@ -11,8 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.callbacks.lr_warmup import LearningRateWarmup as _LearningRateWarmup
-from tfdist.comm import verify_same_model
-from tfdist.comm.horovod import HorovodCommunicator, import_horovod
+from tfdist.comm import HorovodEngine
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):
@@ -30,14 +29,15 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
         self.root_rank = root_rank
 
     def on_train_begin(self, logs=None):
-        comm = HorovodCommunicator()
+        engine = HorovodEngine()
+        comm = engine.communicator()
         if not 0 <= self.root_rank < comm.world_size:
             raise ValueError(
                 f"`root_rank` must be in [0, {comm.world_size}). Received: root_rank={self.root_rank}"
             )
         model = self.model
         optimizer = model.optimizer
-        verify_same_model(model.variables, comm)
+        engine.verify_same_model(model.variables)
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
         variables = list(model.variables) + (list(optimizer.variables) if optimizer else [])
@@ -55,7 +55,7 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        comm = HorovodCommunicator()
+        comm = HorovodEngine().communicator()
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         local = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
         (mean,) = comm.all_reduce([local], op="mean")
@@ -70,4 +70,4 @@ class LearningRateWarmup(_LearningRateWarmup):
     """
 
     def _default_scale(self) -> float:
-        return float(import_horovod().size())
+        return float(HorovodEngine().world_size)

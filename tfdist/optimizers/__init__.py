@@ -1,5 +1,21 @@
-"""Keras 3 optimizer wrappers: the one place tfdist meets Keras' optimizer internals."""
+"""Keras 3 optimizer wrappers assembled from parts (see `tfdist.optimizers.parts`).
 
+* `DistributedOptimizer(inner, *parts, ...)`: the wrapper, on any engine;
+* the parts: `GradientExchange` (dense or compressed), `Accumulation`, `LocalSGD`,
+  `TrackNorms`, `DynamicLossScaling` (from `loss_scale`);
+* `Chain` and `chain_of(optimizer)`: the parts and counters behind any tfdist optimizer (also a
+  Keras optimizer a tfdist strategy attached to).
+"""
+
+from tfdist.optimizers.accumulation import Accumulation
+from tfdist.optimizers.chain import Chain, chain_of
 from tfdist.optimizers.distributed import DistributedOptimizer
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.optimizers.local_sgd import LocalSGD
+from tfdist.optimizers.loss_scaling import DynamicLossScaling
+from tfdist.optimizers.norms import TrackNorms
+from tfdist.optimizers.parts import Part, StepContext, Traffic
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["Accumulation", "Chain", "DistributedOptimizer", "DynamicLossScaling",
+           "GradientExchange", "LocalSGD", "Part", "StepContext", "TrackNorms", "Traffic",
+           "chain_of"]

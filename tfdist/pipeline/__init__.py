@@ -1,26 +1,25 @@
-"""Pipeline and operator-level model parallelism.
+"""Pipeline parallelism: a Keras layer whose stages run on their own devices over micro-batches.
 
-* `Pipeline`: a Keras layer whose stages (lists of layers) run on their own devices over
-  micro-batches, by the GPipe or the 1F1B schedule, with re-materialization and skip connections
-  (`Stash` / `Pop`) that go straight from one stage to a later one;
-* `PipelineModel`: a model that is one Pipeline, with the loss on the last stage, so `fit` runs
-  forwards and backwards interleaved (1F1B's memory bound);
-* `balance_by_size` / `balance_by_time`: split a list of layers into stages;
-* `ColumnParallelDense` / `RowParallelDense`: one Dense kernel split over devices;
-* `schedule`: the schedules as pure clock tables.
+* `Pipeline` (`layer.py`): stages (lists of layers) on devices, run by the GPipe or the 1F1B
+  schedule, with re-materialization and skip connections (`Stash` / `Pop`, `skip.py`) that go
+  straight from one stage to a later one; `executor.py` runs one pass of the schedule;
+* `PipelineModel` (`model.py`): a model that is one Pipeline, with the loss on the last stage,
+  so `fit` runs forwards and backwards interleaved (1F1B's memory bound);
+* `balance_by_size` / `balance_by_time` (`balance.py`): split a list of layers into stages;
+* `schedule`: the schedules as pure clock tables; `PipelineStats` (`stats.py`): what a run kept;
+* `place_slots`, `default_devices` (from `tfdist.devices`).
+
+Tensor-parallel layers are in `tfdist.tensor_parallel` (also re-exported here).
 """
 
+from tfdist.devices import default_devices, on_device, place_slots
 from tfdist.pipeline import schedule
 from tfdist.pipeline.balance import balance_by_size, balance_by_time, partition, split
-from tfdist.pipeline.pipeline import (
-    Pipeline,
-    PipelineModel,
-    PipelineStats,
-    default_devices,
-    place_slots,
-)
+from tfdist.pipeline.layer import Pipeline
+from tfdist.pipeline.model import PipelineModel
 from tfdist.pipeline.skip import Pop, Stash
-from tfdist.pipeline.tensor_parallel import ColumnParallelDense, RowParallelDense, on_device
+from tfdist.pipeline.stats import PipelineStats
+from tfdist.tensor_parallel import ColumnParallelDense, RowParallelDense
 
 __all__ = [
     "ColumnParallelDense",

@@ -1,6 +1,6 @@
 """tf.distribute.Strategy subclasses (the tf.distribute engine)."""
 
-from tfdist.strategies._tf_hooks import new_mirrored_strategy
+from tfdist._hooks.distribute import new_mirrored_strategy
 from tfdist.strategies.compressed import CompressedStrategy, MultiWorkerCompressedStrategy
 from tfdist.strategies.local_sgd import LocalSGDStrategy, MultiWorkerLocalSGDStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy

@@ -7,9 +7,10 @@
         model.compile(optimizer=keras.optimizers.Adam(), loss=...)          # unchanged
     model.fit(...)
 
-Every Keras optimizer built under the strategy's scope gets a `tfdist.optimizers.GradientExchange`
-(the same core `tfdist.DistributedOptimizer` uses): large tensors are compressed, the rest
-all-reduced dense; compressor state and byte counters become the optimizer's variables.
+Every Keras optimizer built under the strategy's scope gets a `tfdist.optimizers.Chain` with a
+`GradientExchange` (the same parts `tfdist.DistributedOptimizer` uses): large tensors are
+compressed, the rest all-reduced dense; compressor state and byte counters become the
+optimizer's variables (`tfdist.optimizers.chain_of(optimizer)` reads them).
 `tfdist.DistributedOptimizer(inner, compressor=...)` does the same as a wrapper and adds
 gradient accumulation, consistent loss scaling, and per-replica checkpoints of error-feedback
 state; prefer it when those matter (this strategy checkpoints replica 0's residuals only).
@@ -19,29 +20,37 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.optimizers._keras_hooks import install_strategy_hooks
-from tfdist.optimizers.exchange import GradientExchange
-from tfdist.strategies._tf_hooks import advance_collective_keys
+from tfdist._hooks.distribute import advance_collective_keys
+from tfdist._hooks.optimizer import install_strategy_hooks
+from tfdist.comm import DistributeEngine
+from tfdist.optimizers import Chain, GradientExchange, TrackNorms
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
 
 class _ExchangeStrategy:
-    """Mixin: holds the exchange settings and hands each optimizer its own GradientExchange."""
+    """Mixin: holds the exchange settings and attaches a fresh chain to each optimizer."""
 
-    def _init_exchange(self, compressor, min_compress_size, compress_1d, compression_start_step):
+    def _init_exchange(self, compressor, min_compress_size, compress_1d, compression_start_step,
+                       batched=True):
         probe = GradientExchange(compressor, min_compress_size, compress_1d,
-                                 compression_start_step)  # validates the arguments now
+                                 compression_start_step, batched)  # validates the arguments now
         if probe.compressor is None:
             raise ValueError("`compressor` is required (a tfdist.compression compressor, or its "
                              "name such as 'powersgd'). Received: compressor=None")
         self.compressor = probe.compressor
-        self._exchange_args = dict(compressor=compressor, min_compress_size=min_compress_size,
-                                   compress_1d=compress_1d, start_step=compression_start_step)
+        self._exchange_args = (compressor, min_compress_size, compress_1d,
+                               compression_start_step, batched)
         install_strategy_hooks()
 
-    def make_gradient_exchange(self) -> GradientExchange:
-        """A fresh exchange for one optimizer (called when the optimizer is built)."""
-        return GradientExchange(**self._exchange_args)
+    def tfdist_attach(self, optimizer, variables) -> Chain:
+        """A built chain for one optimizer (called when the optimizer is built)."""
+        from tfdist.compression import Adaptive
+
+        exchange = GradientExchange(*self._exchange_args)
+        parts = [exchange] + ([TrackNorms()] if isinstance(exchange.compressor, Adaptive) else [])
+        chain = Chain(parts, DistributeEngine(self))
+        chain.build(optimizer, variables)
+        return chain
 
 
 class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
@@ -55,12 +64,14 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors. Defaults to False.
         compression_start_step: Exchanges sent dense first. Defaults to 0.
+        batched: Reduce all compressed tensors of an exchange together. Defaults to True.
     """
 
     def __init__(self, compressor, devices=None, cross_device_ops=None,
                  min_compress_size: int = 1024, compress_1d: bool = False,
-                 compression_start_step: int = 0):
-        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
+                 compression_start_step: int = 0, batched: bool = True):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
+                            batched)
         advance_collective_keys()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -74,8 +85,10 @@ class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrate
 
     def __init__(self, compressor, cluster_resolver=None, communication_options=None,
                  timeout_seconds: float | None = None, min_compress_size: int = 1024,
-                 compress_1d: bool = False, compression_start_step: int = 0):
-        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
+                 compress_1d: bool = False, compression_start_step: int = 0,
+                 batched: bool = True):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
+                            batched)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
                          timeout_seconds=timeout_seconds)

@@ -7,10 +7,11 @@
         model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=...)
     model.fit(...)
 
-Every Keras optimizer built under the scope carries a `tfdist.averaging.ModelAveraging` (the same
-core as `DistributedOptimizer(local_sgd=...)`). The strategy records the variables created in its
-scope, so the model's non-trainable float variables (BatchNorm statistics) are averaged too,
-without being named. Optimizer state stays local unless `average_optimizer_state=True`.
+Every Keras optimizer built under the scope carries a `tfdist.optimizers.Chain` with a
+`LocalSGD` part (the same parts as `DistributedOptimizer(local_sgd=...)`). The strategy records
+the variables created in its scope, so the model's non-trainable float variables (BatchNorm
+statistics) are averaged too, without being named. Optimizer state stays local unless
+`average_optimizer_state=True`.
 """
 
 from __future__ import annotations
@@ -19,17 +20,11 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist.averaging import (
-    SMA,
-    HierarchicalSchedule,
-    ModelAveraging,
-    PeriodicSchedule,
-    SlowMo,
-    optimizer_slots,
-)
-from tfdist.optimizers._keras_hooks import install_strategy_hooks
-from tfdist.optimizers.exchange import GradientExchange
-from tfdist.strategies._tf_hooks import advance_collective_keys
+from tfdist._hooks.distribute import advance_collective_keys
+from tfdist._hooks.optimizer import install_strategy_hooks
+from tfdist.averaging import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo, optimizer_slots
+from tfdist.comm import DistributeEngine
+from tfdist.optimizers import Chain, GradientExchange, LocalSGD
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
 
@@ -43,8 +38,10 @@ class _LocalSGD:
                              f"Received: host_size={host_size!r}, intra_period=None")
         self.schedule = (PeriodicSchedule(period, warmup_steps) if intra_period is None  # validates
                          else HierarchicalSchedule(intra_period, period, warmup_steps, host_size))
-        self._averaging_args = (slowmo, topology, sma, average_optimizer_state)
-        ModelAveraging(self.schedule, *self._averaging_args)  # validates the options
+        if slowmo is not None and sma is not None:
+            raise ValueError("Use either `slowmo` or `sma`, not both.")
+        self._averaging_args = (slowmo or sma, topology, average_optimizer_state)
+        LocalSGD(self.schedule, *self._averaging_args)  # validates the options
         self._created: list = []
         install_strategy_hooks()
 
@@ -59,22 +56,20 @@ class _LocalSGD:
         with super().scope(), tf.variable_creator_scope(record):
             yield self
 
-    def make_gradient_exchange(self) -> GradientExchange:
-        return GradientExchange()  # dense all-reduce during the warm-up
-
-    def make_model_averaging(self, optimizer) -> ModelAveraging:
-        averaging = ModelAveraging(self.schedule, *self._averaging_args)
-        exchange = getattr(optimizer, "_tfdist_exchange", None)
-        averaging.optimizer_state = lambda: optimizer_slots(  # slots exist once built
-            optimizer, exclude=averaging.own_variables() + (
-                exchange.own_variables() if exchange is not None else []))
+    def tfdist_attach(self, optimizer, variables) -> Chain:
+        """A built chain (local SGD over a dense exchange) for one optimizer."""
+        local_sgd = LocalSGD(self.schedule, *self._averaging_args)
+        chain = Chain([local_sgd, GradientExchange()], DistributeEngine(self))
+        chain.build(optimizer, variables)
+        local_sgd.optimizer_state = lambda: optimizer_slots(  # slots exist once built
+            optimizer, exclude=chain.variables())
         owned = {id(getattr(v, "value", v)) for v in optimizer.variables}  # Keras -> tf variable
         unique = {id(v): v for v in self._created}  # nested scopes record a variable twice
-        averaging.also_averaged = [
+        local_sgd.also_averaged = [
             v for v in unique.values()
             if not v.trainable and v.dtype.is_floating and id(v) not in owned
             and getattr(v, "synchronization", None) != tf.VariableSynchronization.ON_READ]
-        return averaging
+        return chain
 
 
 class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):

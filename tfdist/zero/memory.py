@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tfdist.optimizers.distributed import _replica_copies
+from tfdist.comm import replica_copies
+from tfdist.optimizers import chain_of
 
 KINDS = ("optimizer_state", "param_shard", "gradient_buffers", "other")
 
@@ -12,7 +13,9 @@ KINDS = ("optimizer_state", "param_shard", "gradient_buffers", "other")
 def _kinds(optimizer) -> dict[int, str]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     kinds = {id(v): "optimizer_state" for v in inner.variables if len(v.shape) >= 1}
-    for v in getattr(optimizer, "_accumulators", []):
+    chain = chain_of(optimizer)
+    accumulation = chain.accumulation if chain is not None else None
+    for v in accumulation.buffers if accumulation is not None else []:
         kinds[id(v)] = "gradient_buffers"
     if getattr(optimizer, "_shard", None) is not None:
         kinds[id(optimizer._shard)] = "param_shard"
@@ -34,7 +37,7 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
     report: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
     for var in optimizer.variables:
         kind = kinds.get(id(var), "other")
-        for copy in _replica_copies(var):
+        for copy in replica_copies(var):
             report[copy.device][kind] += int(copy.shape.num_elements()) * copy.dtype.size
     offloaded = getattr(optimizer, "offloaded", None)
     if offloaded is not None:

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.optimizers._keras_hooks import disable_gradient_all_reduce
+from tfdist._hooks.optimizer import disable_gradient_all_reduce
 
 KINDS = ("cpu", "disk")
 DEFAULT_BUDGET = 64 * 2**20

@@ -13,25 +13,27 @@ and updates the optimizer state of its own shard only. A step:
 Bytes on the wire per step: reduce-scatter (N-1)/N x 4P plus all-gather (N-1) x 4 ceil(P/N),
 i.e. a dense all-reduce's 2 (N-1)/N x 4P (plus padding), as in the ZeRO paper.
 
-Checkpoints hold the consolidated (unsharded) state, so they load with any number of replicas.
-In a multi-process job (TF_CONFIG workers, Horovod ranks) a process holds only its own shards:
-saving all-gathers the others', so every process saves, as Keras' multi-worker saving expects
-(`tfdist.callbacks.ModelCheckpoint` does it and writes one file).
+Checkpoints hold the consolidated (unsharded) state, so they load with any number of replicas,
+on any engine. In a multi-process job (TF_CONFIG workers, Horovod ranks) a process holds only its
+own shards: saving all-gathers the others', so every process saves, as Keras' multi-worker
+saving expects (`tfdist.callbacks.ModelCheckpoint` does it and writes one file).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.eager import eager_collectives, running_horovod
-from tfdist.optimizers.distributed import DistributedOptimizer, _replica_copies
-from tfdist.strategies._tf_hooks import ComputedCheckpointEntry, hide_from_checkpoints
+from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
+from tfdist._hooks.optimizer import replace_method
+from tfdist.comm import resolve
+from tfdist.comm.engine import check_int
+from tfdist.optimizers import Accumulation, DistributedOptimizer
+from tfdist.optimizers.parts import Part
 from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
 
@@ -39,7 +41,7 @@ from tfdist.zero.plan import ShardPlan
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam",
                "Ftrl", "Lion")
 STAGES = (1, 2)
-# How long a save waits for the other Horovod ranks to join the gather of their shards.
+# How long a save waits for the other processes to join the gather of their shards.
 SAVE_TIMEOUT_ENV = "TFDIST_ZERO_SAVE_TIMEOUT"
 SAVE_TIMEOUT_SECONDS = 600.0
 
@@ -64,20 +66,47 @@ def _check_inner(inner) -> None:
                          "exclude_from_weight_decay is not supported.")
 
 
-def _local_devices() -> list[str]:
-    """The devices of this process's replicas (one, "/CPU:0", without a strategy: Horovod)."""
-    strategy = tf.distribute.get_strategy()
-    if not tf.distribute.has_strategy():
-        return ["/device:CPU:0"]
-    return list(strategy.extended.worker_devices)
+class ZeroExchange(Part):
+    """The exchange of a ZeRO step: reduce-scatter the flattened gradients (each replica gets its
+    shard's reduced gradient), update the shard, all-gather the updated shards into the model."""
+
+    position = 40
+
+    def __init__(self, zero: ZeroOptimizer):
+        self.zero = zero
+
+    def step(self, ctx, grads, next) -> None:
+        shard = ctx.comm.reduce_scatter(self.zero.plan.flatten(grads), op="sum")
+        self.zero.apply_shard(ctx, shard)
+
+
+class ShardedAccumulation(Accumulation):
+    """Stage 2's accumulation: every micro-step reduce-scatters its gradients and adds only this
+    replica's shard to one shard-sized buffer; the last micro-step updates from their mean."""
+
+    def __init__(self, zero: ZeroOptimizer, steps: int):
+        super().__init__(steps)
+        self.zero = zero
+
+    def make_buffers(self, owner, var_list, engine) -> list:
+        return [owner.add_variable(shape=(self.zero.plan.shard_size,), dtype="float32",
+                                   aggregation="none", initializer="zeros",
+                                   name="zero_gradient_shard")]
+
+    def add(self, ctx, grads) -> None:
+        self.buffers[0].assign_add(
+            ctx.comm.reduce_scatter(self.zero.plan.flatten(grads), op="sum"))
+
+    def flush(self, ctx, present, next) -> None:
+        self.zero.apply_shard(ctx, self.buffers[0] / tf.cast(self._micro_steps, tf.float32))
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
 class ZeroOptimizer(DistributedOptimizer):
     """Shards the inner optimizer's state (stage 1) and gradients (stage 2) over replicas.
 
-    Use it like `tfdist.DistributedOptimizer`: under MirroredStrategy or
-    `tfdist.MultiWorkerMirroredStrategy`, or as `tfdist.horovod.ZeroOptimizer` under horovodrun.
+    Use it like `tfdist.DistributedOptimizer`, on any engine: under MirroredStrategy or
+    `tfdist.MultiWorkerMirroredStrategy`, or under horovodrun after `tfdist.horovod.init()`.
 
     Args:
         inner_optimizer: A Keras optimizer with an element-wise update (see `ELEMENTWISE`).
@@ -88,6 +117,7 @@ class ZeroOptimizer(DistributedOptimizer):
             (state in memory-mapped files, streamed through host memory in chunks) or a
             `tfdist.zero.Offload` naming the directory and host-memory budget.
         verify_model: Check that every replica builds the same model. Defaults to True.
+        engine: As for `tfdist.DistributedOptimizer`; None resolves it when built.
         name: Optional name.
 
     Example:
@@ -101,59 +131,65 @@ class ZeroOptimizer(DistributedOptimizer):
         ```
     """
 
-    _local_ranks: list[int] | None = None  # global ranks of this process's replicas
-
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
                  offload: Offload | str | dict | None = None, verify_model: bool = True,
-                 name: str | None = None):
+                 engine=None, name: str | None = None):
         if isinstance(stage, bool) or stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}. Received: stage={stage!r}")
         _check_inner(inner_optimizer)
+        accumulation_steps = check_int("accumulation_steps", accumulation_steps, 1)
         offload = Offload.parse(offload)
         if keras.config.dtype_policy().name == "mixed_float16":
             raise ValueError("ZeroOptimizer does no loss scaling: train in float32 or "
                              "mixed_bfloat16 (dtype policy is mixed_float16).")
-        super().__init__(inner_optimizer, accumulation_steps=accumulation_steps, loss_scale=None,
-                         verify_model=verify_model, name=name)
+        parts: list[Part] = [ZeroExchange(self)]
+        if accumulation_steps > 1:
+            parts.append(Accumulation(accumulation_steps) if stage == 1
+                         else ShardedAccumulation(self, accumulation_steps))
+        super().__init__(inner_optimizer, *parts, loss_scale=None, verify_model=verify_model,
+                         engine=engine, name=name)
         self.stage = stage
         self.offload = offload
 
     # -- building ------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self._communicator().world_size
+        return self.engine.world_size
 
     def build(self, var_list):
-        self.exchange.build(self, var_list)  # byte and round counters
-        self._strategy = tf.distribute.get_strategy()  # saving may happen outside its scope
-        self._local_ranks = None
-        self.plan = ShardPlan([v.shape for v in var_list], self.world_size)
+        if self.chain.engine is None:
+            self.chain.engine = resolve()
+        engine = self.chain.engine
+        self.plan = ShardPlan([v.shape for v in var_list], engine.world_size)
         size = self.plan.shard_size
+        # Counters, then the sharded variables last: a deferred tf.train.Checkpoint restore
+        # matches variables by position as they are created, and the sharded ones are hidden.
+        self.chain.build(self, var_list)
         self._shard = None
         self.offloaded = None
         if self.offload is None:
             self._shard = self.add_variable(shape=(size,), dtype="float32", aggregation="none",
                                             initializer="zeros", name="zero_param_shard")
         else:
-            devices = _local_devices()
+            devices = engine.local_devices
             host = tf.DeviceSpec.from_string(devices[0]).replace(
                 device_type="CPU", device_index=0).to_string()
             self.offloaded = OffloadedState(self.offload, self.inner_optimizer, size,
                                             len(devices), host)
-        self._accumulators = []
-        if self.accumulation_steps > 1:
-            self._build_accumulation(
-                [self.add_variable_from_reference(v, name="accumulator") for v in var_list]
-                if self.stage == 1 else  # full-size gradient buffers; stage 2: one shard
-                [self.add_variable(shape=(size,), dtype="float32", aggregation="none",
-                                   initializer="zeros", name="zero_gradient_shard")])
         if self.verify_model and tf.executing_eagerly():
-            self._verify_same_model(var_list)
+            engine.verify_same_model(var_list)
         # The state exists for one shard only (offloaded: off the device, the inner optimizer
         # keeps its step counter and learning rate).
         self.inner_optimizer.build([] if self._shard is None else [self._shard])
         self._hook_inner_checkpoints()
         keras.optimizers.Optimizer.build(self, var_list)
+
+    @property
+    def accumulators(self) -> list:
+        """The gradient buffers: full-size (stage 1) or one shard (stage 2); none without
+        accumulation."""
+        accumulation = self.chain.accumulation
+        return [] if accumulation is None else list(accumulation.buffers)
 
     def sharded_variables(self) -> list:
         """Variables holding one shard per replica: the parameter shard, the inner optimizer's
@@ -162,15 +198,14 @@ class ZeroOptimizer(DistributedOptimizer):
         out = [] if self._shard is None else [self._shard]
         out += [v for v in self.inner_optimizer.variables if tuple(v.shape) == (size,)]
         if self.stage == 2:
-            out += self._accumulators
+            out += self.accumulators
         return out
 
     # -- the step ------------------------------------------------------------------------------
-    def _reduce_and_apply(self, comm, grads, variables, track=True):
-        shard = comm.reduce_scatter(self.plan.flatten(grads), op=self._reduce_op)
-        self._apply_shard(comm, shard, variables)
-
-    def _apply_shard(self, comm, grad_shard, variables):
+    def apply_shard(self, ctx, grad_shard) -> None:
+        """Updates this replica's parameter shard from its reduced gradient shard and all-gathers
+        the updated shards into the model's variables."""
+        variables, comm = ctx.variables, ctx.comm
         own = self.plan.shard(self.plan.flatten([tf.convert_to_tensor(v) for v in variables]),
                               comm.rank)
         if self.offloaded is not None:
@@ -185,21 +220,7 @@ class ZeroOptimizer(DistributedOptimizer):
         full = comm.all_gather(updated)
         for var, value in zip(variables, self.plan.unflatten(full)):
             var.assign(tf.cast(value, var.dtype))
-        self.exchange.add_round()
-
-    def _add_micro_batch(self, comm, grads, variables):
-        if self.stage == 1:
-            super()._add_micro_batch(comm, grads, variables)
-            return
-        self._accumulators[0].assign_add(
-            comm.reduce_scatter(self.plan.flatten(grads), op=self._reduce_op))
-
-    def _apply_accumulated(self, comm, variables, present):
-        if self.stage == 1:
-            super()._apply_accumulated(comm, variables, present)
-            return
-        (acc,) = self._accumulators
-        self._apply_shard(comm, acc / tf.cast(self._micro_steps, tf.float32), variables)
+        ctx.traffic.add_round()
 
     # -- checkpoints: consolidated, re-sharded on load -------------------------------------------
     # Keras saves the wrapper's own variables and, as a separate object, the inner optimizer's;
@@ -212,8 +233,8 @@ class ZeroOptimizer(DistributedOptimizer):
         hide_from_checkpoints(inner, self.sharded_variables)
         self.zero_state = ComputedCheckpointEntry(self._save_consolidated,
                                                   self._load_consolidated)
-        object.__setattr__(inner, "save_own_variables", self._save_inner)
-        object.__setattr__(inner, "load_own_variables", self._load_inner)
+        replace_method(inner, "save_own_variables", self._save_inner)
+        replace_method(inner, "load_own_variables", self._load_inner)
 
     def _save_inner(self, store):
         if self.offloaded is not None:
@@ -243,7 +264,7 @@ class ZeroOptimizer(DistributedOptimizer):
         for i, (kind, item) in enumerate(self._offloaded_layout()):
             store[str(i)] = (self._consolidate([state.slot(r, item)
                                                 for r in range(state.replicas)])
-                             if kind == "slot" else _replica_copies(item)[0].numpy())
+                             if kind == "slot" else self.engine.replica_copies(item)[0].numpy())
 
     def _load_offloaded(self, store):
         state, layout = self.offloaded, self._offloaded_layout()
@@ -251,7 +272,7 @@ class ZeroOptimizer(DistributedOptimizer):
         for i, (kind, item) in enumerate(layout):
             value = np.asarray(store[str(i)])
             if kind == "scalar":
-                for copy in _replica_copies(item):
+                for copy in self.engine.replica_copies(item):
                     copy.assign(value)
                 continue
             shards = self._local_shards(value, state.replicas)
@@ -263,36 +284,31 @@ class ZeroOptimizer(DistributedOptimizer):
         """The global ranks of the `held` replicas of this process, in local order."""
         if held == self.plan.world_size:
             return list(range(held))
-        if self._local_ranks is None:
-            strategy = self._strategy
-            if strategy.num_replicas_in_sync > 1:  # TF_CONFIG workers
-                ids = strategy.run(
-                    lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
-                self._local_ranks = [int(i) for i in strategy.experimental_local_results(ids)]
-            else:  # Horovod: one replica per rank
-                self._local_ranks = [int(self._communicator().rank)]
-        return self._local_ranks
+        return self.engine.local_ranks()
 
     def _consolidate(self, shards: list) -> np.ndarray:
         """The length-P value of a sharded variable from this process's `shards`. In a multi-
         process job the other processes' shards are all-gathered: a collective, so every process
-        must be saving (a Horovod rank that waits longer than $TFDIST_ZERO_SAVE_TIMEOUT seconds
-        for the others says so)."""
+        must be saving (a process that waits longer than $TFDIST_ZERO_SAVE_TIMEOUT seconds for
+        the others says so)."""
         shards = [np.asarray(s, np.float32) for s in shards]
         if len(shards) == self.plan.world_size:
             return self.plan.consolidate(shards)
         first = min(self._ranks_here(len(shards)))
         local = tf.constant(np.stack(shards))
-        comm, run = eager_collectives(self._strategy)
-        workers = self._strategy.num_replicas_in_sync > 1  # else Horovod, one shard per rank
 
-        def gather():
-            index = (tf.distribute.get_replica_context().replica_id_in_sync_group - first
-                     if workers else 0)
-            return comm.all_gather(tf.gather(local, index))
+        def gather(comm):  # this replica's shard, gathered from every replica in rank order
+            return comm.all_gather(tf.gather(local, tf.cast(comm.rank, tf.int32) - first))
 
-        # TF_CONFIG workers: the strategy's collective timeout (timeout_seconds) applies.
-        full = run(gather) if workers else _with_deadline(lambda: run(gather), _save_timeout())
+        seconds = _save_timeout()
+        try:
+            full = self.engine.run(gather, timeout=seconds)
+        except TimeoutError:
+            raise RuntimeError(
+                f"ZeroOptimizer: saving gathers every process's shard of the optimizer state, "
+                f"and the other processes did not join within {seconds:g} s. Save on every "
+                "process (pass tfdist.callbacks.ModelCheckpoint to fit on every rank: it writes "
+                f"one file), not on rank 0 alone; ${SAVE_TIMEOUT_ENV} sets this wait.") from None
         return np.asarray(full)[:self.plan.total]
 
     def _local_shards(self, value, held: int) -> list:
@@ -314,17 +330,17 @@ class ZeroOptimizer(DistributedOptimizer):
     def _save_consolidated(self) -> dict:
         store: dict = {}
         self._save_inner(store)
-        if self.stage == 2 and self._accumulators:
+        if self.stage == 2 and self.accumulators:
             gradient: dict = {}
-            self._save(self._accumulators, gradient)
+            self._save(self.accumulators, gradient)
             store.update({self._GRADIENT_SHARD + k: v for k, v in gradient.items()})
         return store
 
     def _load_consolidated(self, store: dict) -> None:
         prefix = self._GRADIENT_SHARD
         self._load_inner({k: v for k, v in store.items() if not k.startswith(prefix)})
-        if self.stage == 2 and self._accumulators:
-            self._load(self._accumulators,
+        if self.stage == 2 and self.accumulators:
+            self._load(self.accumulators,
                        {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)})
 
     def save_own_variables(self, store):
@@ -342,9 +358,9 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def _save(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
-        per_replica = {id(v) for v in self._accumulators} - sharded
+        per_replica = {id(v) for v in self.accumulators} - sharded
         for i, var in enumerate(variables):
-            copies = _replica_copies(var)
+            copies = self.engine.replica_copies(var)
             if id(var) in sharded:
                 store[str(i)] = self._consolidate([c.numpy() for c in copies])
             else:
@@ -357,7 +373,7 @@ class ZeroOptimizer(DistributedOptimizer):
         self._check_count(store, variables)
         for i, var in enumerate(variables):
             value = np.asarray(store[str(i)])
-            copies = _replica_copies(var)
+            copies = self.engine.replica_copies(var)
             if id(var) in sharded:
                 for copy, shard in zip(copies, self._local_shards(value, len(copies))):
                     copy.assign(shard)
@@ -383,23 +399,7 @@ class ZeroOptimizer(DistributedOptimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"),
                                                       custom_objects=custom_objects)
-        return _for_this_engine(cls)(inner, **config)
-
-
-def _horovod_running() -> bool:
-    """Horovod runs this process's training: several ranks, no multi-replica strategy around."""
-    return (running_horovod() is not None
-            and tf.distribute.get_strategy().num_replicas_in_sync == 1)
-
-
-def _for_this_engine(cls):
-    """A checkpoint loads on the engine of the process loading it: saved by Horovod ranks,
-    it loads under MirroredStrategy (and the other way round), re-sharded either way."""
-    from tfdist.horovod.optimizer import ZeroOptimizer as HorovodZeroOptimizer
-
-    if _horovod_running():
-        return cls if issubclass(cls, HorovodZeroOptimizer) else HorovodZeroOptimizer
-    return ZeroOptimizer if issubclass(cls, HorovodZeroOptimizer) else cls
+        return cls(inner, **config)
 
 
 def _save_timeout() -> float:
@@ -409,28 +409,3 @@ def _save_timeout() -> float:
     except ValueError:
         raise ValueError(f"${SAVE_TIMEOUT_ENV} must be a number of seconds; got {value!r}") \
             from None
-
-
-def _with_deadline(fn, seconds: float):
-    """`fn()`, or a RuntimeError if it has not returned after `seconds` (Horovod collectives
-    have no timeout of their own: a save on one rank alone would wait forever)."""
-    result: dict = {}
-
-    def target():
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
-            result["error"] = e
-
-    thread = threading.Thread(target=target, name="tfdist-zero-save-gather", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise RuntimeError(
-            f"ZeroOptimizer: saving gathers every rank's shard of the optimizer state, and the "
-            f"other ranks did not join within {seconds:g} s. Save on every rank (pass "
-            "tfdist.callbacks.ModelCheckpoint to fit on every rank: it writes one file), not on "
-            f"rank 0 alone; ${SAVE_TIMEOUT_ENV} sets this wait.")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]

@@ -16,28 +16,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.pipeline.pipeline import default_devices
+from tfdist.devices import default_devices, on_device
 
-__all__ = ["ColumnParallelDense", "RowParallelDense", "on_device"]
-
-
-def on_device(device: str, fn, *tensors):
-    """`fn(*tensors)` with its forward and its gradient ops on `device` (a plain `tf.device`
-    places only the forward)."""
-
-    @tf.custom_gradient
-    def placed(*xs):
-        with tf.device(device), tf.GradientTape() as tape:
-            tape.watch(xs)
-            y = fn(*xs)
-
-        def grad(dy):
-            with tf.device(device):
-                return tape.gradient(y, list(xs), output_gradients=dy)
-
-        return y, grad
-
-    return placed(*tensors)
+__all__ = ["ColumnParallelDense", "RowParallelDense"]
 
 
 class _Parallel(keras.layers.Layer):

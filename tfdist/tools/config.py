@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tfdist.compression import COMPRESSORS
-from tfdist.models import MODELS
+from tfdist.tools.models import MODELS
 
 
 class ConfigError(ValueError):
@@ -103,22 +103,21 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "min_size": _int("an integer >= 0 (smaller tensors are sent dense)", lambda v: v >= 0, 1024),
         "compress_1d": Field(False, (bool,), "true or false"),
         "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
+        "batched": Field(True, (bool,), "true (all compressed tensors of an exchange in as few "
+                         "collectives as the compressor allows) or false (one tensor at a time)"),
     },
     "averaging": {
         "period": _int("an integer >= 1, or null for synchronous training", lambda v: v >= 1,
                        None, nullable=True),
         "warmup_steps": _int("an integer >= 0 (synchronous steps first)", lambda v: v >= 0, 0),
-        "slowmo_momentum": _float("a number in [0, 1), or null (no SlowMo)",
-                                  lambda v: 0 <= v < 1, None, nullable=True),
-        "slowmo_learning_rate": _float("a number > 0", lambda v: v > 0, 1.0),
         "topology": _choice(("all", "ring"), "all"),
         "intra_period": _int("an integer >= 1 dividing averaging.period, or null (hierarchical "
                              "averaging off)", lambda v: v >= 1, None, nullable=True),
         "host_size": _int("an integer >= 1 dividing the number of replicas, or null (each "
                           "worker's devices)", lambda v: v >= 1, None, nullable=True),
-        "sma_alpha": _float("a number in (0, 1], or null (no SMA)", lambda v: 0 < v <= 1, None,
-                            nullable=True),
-        "sma_momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
+        "outer": Field(None, (dict,), "null (plain averaging), or an outer rule with its options: "
+                       "{name: slowmo, momentum: 0.5, learning_rate: 1.0} or {name: sma, alpha: "
+                       "0.25, momentum: 0.5}", nullable=True),
         "average_optimizer_state": Field(False, (bool,), "true or false"),
     },
     "train": {
@@ -196,35 +195,14 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append(
             f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
             f"optimizer.accumulation_steps ({c['optimizer']['accumulation_steps']})")
-    comp = c["compression"]
-    if comp["name"] != "none" or comp["options"]:
-        try:
-            make_compressor(comp)
-        except ValueError as e:
-            errors.append(f"compression: {comp['name']} with options {comp['options']}: {e}")
-    if c["averaging"]["period"] is not None and (comp["name"] != "none"
-                                                  or c["optimizer"]["accumulation_steps"] > 1):
-        errors.append("averaging.period: local SGD does not combine with compression or "
-                      "gradient accumulation; set compression.name to none and "
-                      "optimizer.accumulation_steps to 1, or averaging.period to null")
-    avg = c["averaging"]
-    for key in ("slowmo_momentum", "sma_alpha", "intra_period", "host_size"):
-        if avg[key] is not None and avg["period"] is None:
-            errors.append(f"averaging.{key}: needs averaging.period (local SGD)")
-    if avg["slowmo_momentum"] is not None and avg["sma_alpha"] is not None:
-        errors.append("averaging.sma_alpha: use either SlowMo (slowmo_momentum) or SMA "
-                      "(sma_alpha), not both")
-    if avg["intra_period"] is not None and avg["period"] is not None \
-            and avg["period"] % avg["intra_period"]:
-        errors.append(f"averaging.intra_period: got {avg['intra_period']}; averaging.period "
-                      f"({avg['period']}) must be a multiple of it")
+    comp, avg = c["compression"], c["averaging"]
+    if avg["period"] is None:
+        for key in ("outer", "intra_period", "host_size"):
+            if avg[key] is not None:
+                errors.append(f"averaging.{key}: needs averaging.period (local SGD)")
     if avg["host_size"] is not None and avg["intra_period"] is None:
-        errors.append("averaging.host_size: set averaging.intra_period for hierarchical averaging")
-    if avg["topology"] == "ring" and (avg["slowmo_momentum"] is not None
-                                      or avg["sma_alpha"] is not None
-                                      or avg["intra_period"] is not None):
-        errors.append("averaging.topology: 'ring' gossip does not combine with SlowMo, SMA or "
-                      "hierarchical averaging; use 'all'")
+        errors.append("averaging.host_size: needs averaging.intra_period (hierarchical averaging)")
+    errors += _build_errors(c)
     errors += _zero_checks(c)
     if engine["name"] == "keras_multi_worker":
         extras = [name for name, on in (
@@ -250,8 +228,9 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                 errors.append(f"optimizer.{key}: needs optimizer.zero_stage (1 or 2)")
         return errors
     if c["compression"]["name"] != "none" or c["averaging"]["period"] is not None:
-        errors.append("optimizer.zero_stage: ZeRO does not combine with compression or local "
-                      "SGD; set compression.name to none and averaging.period to null")
+        errors.append("optimizer.zero_stage: ZeRO shards the exchange itself, so it does not "
+                      "combine with compression or local SGD; set compression.name to none and "
+                      "averaging.period to null")
     if c["train"]["precision"] == "mixed_float16":
         errors.append("optimizer.zero_stage: ZeRO does no loss scaling; use train.precision "
                       "float32 or mixed_bfloat16")
@@ -268,6 +247,51 @@ def make_compressor(section: dict[str, Any]):
         return None
     return compression.get({"name": section["name"], **section["options"],
                             "error_feedback": section["error_feedback"]})
+
+
+def make_parts(c: dict[str, dict[str, Any]]) -> list:
+    """The `tfdist.DistributedOptimizer` parts a config describes: its gradient exchange
+    (`compression`), accumulation (`optimizer.accumulation_steps`) and local SGD (`averaging`).
+    Building them is how the config is validated: the constructors' own checks apply."""
+    return [part for _, make in _part_makers(c) for part in make()]
+
+
+def _part_makers(c: dict[str, dict[str, Any]]):
+    """(section, function building that section's parts), one per section."""
+    from tfdist.averaging import HierarchicalSchedule, PeriodicSchedule
+    from tfdist.optimizers import Accumulation, GradientExchange, LocalSGD
+
+    comp, avg, opt = c["compression"], c["averaging"], c["optimizer"]
+
+    def exchange():
+        return [GradientExchange(make_compressor(comp), comp["min_size"], comp["compress_1d"],
+                                 comp["start_step"], comp["batched"])]
+
+    def accumulation():
+        steps = opt["accumulation_steps"]
+        return [Accumulation(steps)] if steps > 1 else []
+
+    def local_sgd():
+        if avg["period"] is None:
+            return []
+        schedule = (PeriodicSchedule(avg["period"], avg["warmup_steps"])
+                    if avg["intra_period"] is None else
+                    HierarchicalSchedule(avg["intra_period"], avg["period"], avg["warmup_steps"],
+                                         avg["host_size"]))
+        return [LocalSGD(schedule, avg["outer"], avg["topology"],
+                         avg["average_optimizer_state"])]
+
+    return [("compression", exchange), ("optimizer", accumulation), ("averaging", local_sgd)]
+
+
+def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:
+    errors = []
+    for section, make in _part_makers(c):
+        try:
+            make()
+        except ValueError as e:
+            errors.append(f"{section}: {e}")
+    return errors
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -287,23 +311,26 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 def configs_dir() -> Path:
     """configs/ of the working directory, else the one beside the package (a source checkout)."""
     here = Path("configs")
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "configs"
+
+
+def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML file's top-level mapping ({} for an empty file), or a ConfigError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what.capitalize()} not found: {p}. Configs live in configs/.")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: a {what} must be a mapping of keys.")
+    return raw
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Reads a YAML config (or starts from defaults), applies overrides, validates."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"Config file not found: {p}. Configs live in configs/.")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML: {e}") from e
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: a config must be a mapping of sections.")
-    raw = copy.deepcopy(raw)
+    raw = copy.deepcopy(read_yaml_mapping(path, "config file")) if path is not None else {}
     for text in overrides:
         section, key, value = parse_override(text)
         if not isinstance(raw.get(section), dict):

@@ -53,7 +53,7 @@ def _build(strategy, wrap: bool, engine: str = "strategy"):
     import contextlib
 
     import tfdist
-    from tfdist.models import build_model
+    from tfdist.tools.models import build_model
 
     keras.utils.set_random_seed(0)
     with strategy.scope() if strategy else contextlib.nullcontext():
@@ -89,8 +89,8 @@ def _median_ms(samples: list[list[float]]) -> float:
 
 
 def _in_process(steps: int, repeats: int) -> list[dict]:
-    from tfdist.runner import configure_devices
     from tfdist.strategies import new_mirrored_strategy
+    from tfdist.tools.runner import configure_devices
 
     devices = configure_devices(2)
     engines: dict[str, tuple] = {}
@@ -116,10 +116,10 @@ def _in_process(steps: int, repeats: int) -> list[dict]:
 
 
 def _multi_process(kind: str, steps: int, repeats: int, out: Path) -> dict | None:
-    from tfdist.launch import run_horovod, run_tf_workers
+    from tfdist.tools.launch import run_horovod, run_tf_workers
 
     result_file = out / f"{kind}.worker.json"
-    argv = [sys.executable, "-m", "tfdist.bench", "--worker", kind, "--steps", str(steps),
+    argv = [sys.executable, "-m", "tfdist.tools.bench.suites", "--worker", kind, "--steps", str(steps),
             "--repeats", str(repeats), "--result", str(result_file)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     timeout = 600
@@ -184,8 +184,8 @@ COMPRESSION_CONFIGS = ("default", "fp16", "ef_topk", "randomk", "dgc", "qsgd", "
 
 
 def _compression_rows(quick: bool, out_dir: Path) -> list[dict]:
-    from tfdist.config import configs_dir, load_config
-    from tfdist.runner import train
+    from tfdist.tools.config import configs_dir, load_config
+    from tfdist.tools.runner import train
 
     rows = []
     for i, name in enumerate(COMPRESSION_CONFIGS):
@@ -250,9 +250,10 @@ _WARMUP = "averaging.warmup_steps=22"
 LOCAL_SGD_RUNS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("sync", 2, ("averaging.period=null", "averaging.warmup_steps=0")),
     *((f"H={h}", 2, (f"averaging.period={h}", _WARMUP)) for h in (2, 4, 8, 16)),
-    ("H=8, SlowMo(0.5, 1)", 2, ("averaging.period=8", _WARMUP, "averaging.slowmo_momentum=0.5")),
-    ("H=8, SMA(0.25, 0.5)", 2, ("averaging.period=8", _WARMUP, "averaging.sma_alpha=0.25",
-                                "averaging.sma_momentum=0.5")),
+    ("H=8, SlowMo(0.5, 1)", 2, ("averaging.period=8", _WARMUP,
+                                "averaging.outer={name: slowmo, momentum: 0.5}")),
+    ("H=8, SMA(0.25, 0.5)", 2, ("averaging.period=8", _WARMUP,
+                                "averaging.outer={name: sma, alpha: 0.25, momentum: 0.5}")),
     ("H=8, optimizer state averaged", 2, ("averaging.period=8", _WARMUP,
                                           "averaging.average_optimizer_state=true")),
     ("sync", 4, ("averaging.period=null", "averaging.warmup_steps=0")),
@@ -263,8 +264,8 @@ LOCAL_SGD_RUNS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 
 
 def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
-    from tfdist.config import configs_dir, load_config
-    from tfdist.runner import configure_devices, train
+    from tfdist.tools.config import configs_dir, load_config
+    from tfdist.tools.runner import configure_devices, train
 
     configure_devices(max(devices for _, devices, _ in LOCAL_SGD_RUNS))  # once per process
     rows = []
@@ -308,9 +309,9 @@ def _memory_rows() -> list[dict]:
     import keras
 
     from tfdist import DistributedOptimizer, ZeroOptimizer
-    from tfdist.models import build_model
-    from tfdist.runner import configure_devices
-    from tfdist.strategies._tf_hooks import new_mirrored_strategy
+    from tfdist.strategies import new_mirrored_strategy
+    from tfdist.tools.models import build_model
+    from tfdist.tools.runner import configure_devices
     from tfdist.zero import memory_report
 
     devices = configure_devices(max(MEMORY_DEVICES))
@@ -358,8 +359,8 @@ def _memory_table(rows: list[dict]) -> str:
 
 
 def _pipeline_rows(quick: bool) -> list[dict]:
-    from tfdist.pipeline.measure import pipeline_rows
-    from tfdist.runner import configure_devices
+    from tfdist.tools.bench.pipeline import pipeline_rows
+    from tfdist.tools.runner import configure_devices
 
     return pipeline_rows(configure_devices(4), quick,
                          progress=lambda line: print(line, flush=True))
@@ -381,7 +382,7 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
     meta: dict = {}
     if suite == "pipeline":
-        from tfdist.pipeline import measure
+        from tfdist.tools.bench import pipeline as measure
 
         print("bench: pipeline: MLP of "
               f"{measure.LAYERS} Dense({measure.WIDTH}) layers, batch {measure.BATCH}", flush=True)

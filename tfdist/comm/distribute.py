@@ -1,11 +1,15 @@
-"""Communicator over the replicas of a tf.distribute strategy (MirroredStrategy, MWMS)."""
+"""The tf.distribute engine: replicas of a MirroredStrategy or a multi-worker strategy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import tensorflow as tf
 
+from tfdist._hooks.distribute import uses_merge_call
 from tfdist.comm.base import ByteCounter, Communicator
-from tfdist.comm.control import uses_merge_call
+from tfdist.comm.engine import Engine, register
 
 _OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 
@@ -82,7 +86,7 @@ class ReplicaCommunicator(Communicator):
 
     def _pinned(self, tensors: list) -> list:
         """Under MultiWorkerMirroredStrategy (one local device), tensors made inside a cross-
-        replica tf.cond branch (see tfdist.comm.control) or read from variables in a step carry
+        replica tf.cond branch (see Communicator.cond) or read from variables in a step carry
         no device, which TF's collectives reject ("destinations can not be empty"): pin them
         to the local device."""
         local = self.strategy.extended.worker_devices
@@ -120,6 +124,27 @@ class ReplicaCommunicator(Communicator):
         masked = [tf.where(is_root, t, tf.zeros_like(t)) for t in tensors]
         return self._all_reduce(masked, "sum")
 
+    def cond(self, pred, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
+             args: Sequence = ()) -> Any:
+        """Under MirroredStrategy a `tf.cond` in replica context must not contain `merge_call`
+        (which every all-reduce and variable update uses): TF raises "merge_call called while
+        defining a new graph". The cond then moves to cross-replica context and each branch runs
+        on every replica with `call_for_each_replica`, the pattern Keras' LossScaleOptimizer
+        uses; `merge_call` runs one replica's closure, hence the per-replica `args`."""
+        args = list(args)
+        if not uses_merge_call():
+            return tf.cond(pred, lambda: true_fn(*args), lambda: false_fn(*args))
+
+        def merge_fn(distribution, pred, *args):
+            first = distribution.experimental_local_results(pred)[0]
+            return tf.cond(
+                first,
+                lambda: distribution.extended.call_for_each_replica(true_fn, args=args),
+                lambda: distribution.extended.call_for_each_replica(false_fn, args=args),
+            )
+
+        return _replica_context().merge_call(merge_fn, args=(pred, *args))
+
 
 def _reduce_on(device: str, parts: list, op: str) -> tf.Tensor:
     """Sum (or mean) of `parts`, computed on `device`."""
@@ -136,3 +161,73 @@ def _replica_context() -> tf.distribute.ReplicaContext:
             "`strategy.run(...)` (Keras `fit` does this for a train step)."
         )
     return ctx
+
+
+@register
+class DistributeEngine(Engine):
+    """The replicas of a `tf.distribute.MirroredStrategy` (one process, many devices) or of a
+    `tf.distribute.MultiWorkerMirroredStrategy` (TF_CONFIG workers), subclasses included.
+
+    Keras divides the loss by the number of replicas under a strategy.
+
+    Args:
+        strategy: The strategy. Defaults to the one in scope.
+    """
+
+    name = "distribute"
+    priority = 10
+    loss_divided_by_replicas = True
+
+    def __init__(self, strategy: tf.distribute.Strategy | None = None):
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self._local_ranks: list[int] | None = None
+
+    @classmethod
+    def detect(cls, strategy):
+        if isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                 tf.distribute.MultiWorkerMirroredStrategy)):
+            return cls(strategy)
+        return None
+
+    def communicator(self, counter=None):
+        return ReplicaCommunicator(self.strategy, counter)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.strategy.num_replicas_in_sync)
+
+    @property
+    def local_devices(self) -> list[str]:
+        return list(self.strategy.extended.worker_devices)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.local_devices)
+
+    @property
+    def process_count(self) -> int:
+        return max(1, self.world_size // self.local_size)
+
+    @property
+    def process_index(self) -> int:
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        return int(getattr(resolver, "task_id", 0) or 0) if self.multi_process else 0
+
+    @property
+    def is_chief(self) -> bool:
+        return bool(self.strategy.extended.should_checkpoint)
+
+    def local_ranks(self) -> list[int]:
+        if not self.multi_process:
+            return list(range(self.world_size))
+        if self._local_ranks is None:
+            ids = self.strategy.run(
+                lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
+            self._local_ranks = [int(i) for i in self.strategy.experimental_local_results(ids)]
+        return self._local_ranks
+
+    def _run(self, fn):
+        if self.world_size == 1:
+            return fn(self.communicator())
+        comm = self.communicator()
+        return self.strategy.experimental_local_results(self.strategy.run(lambda: fn(comm)))[0]

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.pipeline.pipeline import Pipeline, place_slots
+from tfdist.pipeline import Pipeline, place_slots
 from tfdist.pipeline.schedule import bubble_fraction
 
 __all__ = ["stage_idle_fractions", "pipeline_rows", "pipeline_table"]
@@ -128,7 +128,7 @@ def _pipeline_step(devices, m: int, schedule: str, remat: str):
 
 
 def pipeline_rows(devices: list[str], quick: bool, progress=print) -> list[dict]:
-    from tfdist.strategies._tf_hooks import profile_op_intervals
+    from tfdist._hooks.profiler import profile_op_intervals
 
     steps, repeats = (3, 3) if quick else (5, 5)
     baseline_ms = _time(_baseline_step(devices[0]), steps, repeats)

@@ -39,14 +39,14 @@ def _usage(message: str) -> None:
 
 
 def cmd_train() -> int:
-    from tfdist.config import ConfigError, load_config
+    from tfdist.tools.config import ConfigError, load_config
 
     try:
         config = load_config(FLAGS.config or "configs/default.yaml", FLAGS.set)
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
-    from tfdist.runner import train
+    from tfdist.tools.runner import train
 
     summary = train(config)
     if "summary_path" in summary:
@@ -79,6 +79,7 @@ def _print_summary(s: dict) -> None:
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
           f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "
           f"total {s['bytes_sent_total']:,.0f})")
+    print(f"collectives/step  {s['collectives_per_step']:.2f} collective calls per worker")
     if s["bytes_ratio_vs_dense"] is not None:
         print(f"vs dense          {s['bytes_ratio_vs_dense']:.4f} of the "
               f"{s['dense_bytes_per_step']:,.0f} bytes/step a dense all-reduce sends")
@@ -115,11 +116,11 @@ def cmd_info() -> int:
 
 
 def cmd_bench() -> int:
-    from tfdist.bench import run_suite
+    from tfdist.tools.bench.suites import run_suite
 
     if FLAGS.suite == "comm":
-        from tfdist.bench_comm import run_comm
-        from tfdist.config import ConfigError
+        from tfdist.tools.bench.comm import run_comm
+        from tfdist.tools.config import ConfigError
 
         try:
             run_comm(FLAGS.quick, FLAGS.out, FLAGS.hosts, FLAGS.bandwidths, FLAGS.algorithms)

@@ -1,7 +1,7 @@
 """`tfdist bench --suite comm`: which algorithm wins on which network, on an emulated cluster.
 
 For every (hosts, link bandwidth) of the spec (configs/bench/comm.yaml), an emulated cluster is
-created (tfdist.emulated: one network namespace per host, links shaped by tc) and every algorithm
+created (tfdist.tools.emulated: one network namespace per host, links shaped by tc) and every algorithm
 trains the spec's job there as one TF_CONFIG worker per host (`tfdist train`, engine
 multi_worker). Per run: the test accuracy after every epoch against the training time so far
 (the sum of the step times, the first, tracing, step left out), the time to the target accuracy,
@@ -33,13 +33,13 @@ from typing import Any
 
 import yaml
 
-from tfdist import emulated
-from tfdist.config import ConfigError, configs_dir, load_config
+from tfdist.tools import emulated
+from tfdist.tools.config import ConfigError, configs_dir, load_config, read_yaml_mapping
 
 SPEC = "bench/comm.yaml"
 LIMIT = "limit"
 _SPEC_KEYS = {"job", "target_accuracy", "hosts", "bandwidths", "delay", "run_timeout_seconds",
-              "algorithms", "quick"}
+              "algorithms", "default_algorithms", "quick"}
 
 
 @dataclass
@@ -73,15 +73,13 @@ def load_plan(spec_path: str | Path | None = None, quick: bool = False,
     """Reads and checks the spec and the command-line selection; builds and validates every
     run's config. Raises ConfigError (naming the value and the fix) before anything starts."""
     path = Path(spec_path) if spec_path else configs_dir() / SPEC
-    if not path.is_file():
-        raise ConfigError(f"Benchmark spec not found: {path}.")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml_mapping(path, "benchmark spec")
     errors = [f"{path}: unknown key '{k}'; allowed: {', '.join(sorted(_SPEC_KEYS))}"
               for k in spec if k not in _SPEC_KEYS]
     table = spec.get("algorithms") or {}
     quick_spec = (spec.get("quick") or {}) if quick else {}
     selected = (algorithms if algorithms is not None
-                else quick_spec.get("algorithms", list(table)))
+                else quick_spec.get("algorithms", spec.get("default_algorithms", list(table))))
     unknown = [a for a in selected if a not in table]
     if unknown:
         errors.append(f"--algorithms: unknown {', '.join(map(repr, unknown))}; choose from "
@@ -230,7 +228,7 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
          progress: Progress) -> dict:
     """One run on the cluster (`tfdist train` per host); returns host 0's summary plus the
     bytes each host sent on its link."""
-    from tfdist.runner import EVAL_TAG
+    from tfdist.tools.runner import EVAL_TAG
 
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -238,7 +236,7 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     # One output directory per host: without an exchange (the limit) every host is a chief.
-    argv = [sys.executable, "-m", "tfdist.cli", "train", "--config", str(config_path)]
+    argv = [sys.executable, "-m", "tfdist.tools.cli", "train", "--config", str(config_path)]
 
     def host_argv(host: int) -> list[str]:
         return [*argv, "--set", f"train.output_dir={run_dir / f'host{host}'}"]
@@ -283,6 +281,7 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
             "final_accuracy": s["test_accuracy"], "steps": steps,
             "train_seconds": s["epoch_log"][-1]["train_seconds"],
             "bytes_per_step": s["bytes_sent_per_step"], "bytes_counted": s["bytes_counted"],
+            "collectives_per_step": s["collectives_per_step"],
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / steps,
             "step_ms": s["step_ms_median"], "parameters": s["trainable_parameters"],
             "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
@@ -297,7 +296,7 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
             "label": "zero-communication limit (baseline's steps, no exchange)",
             "time_to_target_s": reached, "final_accuracy": baseline["final_accuracy"],
             "steps": baseline["steps"], "train_seconds": curve[-1][0], "bytes_per_step": 0.0,
-            "bytes_counted": True,
+            "bytes_counted": True, "collectives_per_step": 0.0,
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / s["steps"],
             "step_ms": s["step_ms_median"], "parameters": baseline["parameters"],
             "curve": curve}
@@ -352,8 +351,8 @@ def _fmt_time(t: float | None) -> str:
 def table(plan: Plan, rows: list[dict]) -> str:
     lines = [f"| hosts | link | algorithm | time to {plan.target_accuracy:.0%} (s) | speed-up vs "
              "baseline | final accuracy | vs baseline (pt) | bytes/step/worker | wire bytes/step/"
-             "host | step time (ms) | step time vs baseline |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "host | collectives/step | step time (ms) | step time vs baseline |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     baseline = plan.algorithms[0].key
     base = {(r["hosts"], r["bandwidth"]): r for r in rows if r["algorithm"] == baseline}
     for r in rows:
@@ -365,7 +364,8 @@ def table(plan: Plan, rows: list[dict]) -> str:
             f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | {_fmt_time(r['time_to_target_s'])}"
             f" | {speedup} | {r['final_accuracy']:.4f} | "
             + (f"{100 * (r['final_accuracy'] - b['final_accuracy']):+.1f}" if b else "n/a")
-            + f" | {counted} | {r['wire_bytes_per_step']:,.0f} | {r['step_ms']:.0f} | "
+            + f" | {counted} | {r['wire_bytes_per_step']:,.0f} | "
+            + f"{r.get('collectives_per_step', float('nan')):.2f} | {r['step_ms']:.0f} | "
             + (f"{r['step_ms'] / b['step_ms']:.3f} |" if b else "n/a |"))
     return "\n".join(lines)
 

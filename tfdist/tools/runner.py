@@ -17,10 +17,8 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import compression
-from tfdist.averaging import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo
 from tfdist.callbacks import CommunicationStats, LearningRateWarmup, StepTimer
 from tfdist.comm import ring_bytes
-from tfdist.config import make_compressor
 from tfdist.data import (
     distribute,
     global_batches,
@@ -28,8 +26,9 @@ from tfdist.data import (
     shard_batches,
     synthetic_classification,
 )
-from tfdist.models import build_model
-from tfdist.optimizers import DistributedOptimizer
+from tfdist.optimizers import DistributedOptimizer, chain_of
+from tfdist.tools.config import make_parts
+from tfdist.tools.models import build_model
 from tfdist.zero import Offload, ZeroOptimizer
 
 
@@ -100,25 +99,21 @@ def _state_bytes(optimizer) -> dict[str, int]:
             memory_report(optimizer).items() if kinds["optimizer_state"]}
 
 
-def _wrap(engine, inner, opt_cfg: dict, kwargs: dict):
-    """The config's tfdist optimizer around `inner`, for the engine (`inner` itself for the
-    keras_multi_worker baseline)."""
+def _wrap(engine, inner, config: dict):
+    """The config's tfdist optimizer around `inner` (`inner` itself for the keras_multi_worker
+    baseline). The same classes serve every engine: the optimizer resolves its engine when
+    built."""
     if engine.name == "keras_multi_worker":
         return inner
-    if engine.name == "horovod":
-        import tfdist.horovod as thvd
-
-        distributed, zero = thvd.DistributedOptimizer, thvd.ZeroOptimizer
-    else:
-        distributed, zero = DistributedOptimizer, ZeroOptimizer
+    opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
-        return distributed(inner, **kwargs)
+        return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"])
     offload = opt_cfg["offload"]
     if offload == "disk":
         offload = Offload("disk", opt_cfg["offload_dir"],
                           budget_bytes=int(opt_cfg["offload_budget_mb"] * 2**20))
-    return zero(inner, stage=opt_cfg["zero_stage"],
-                accumulation_steps=opt_cfg["accumulation_steps"], offload=offload)
+    return ZeroOptimizer(inner, stage=opt_cfg["zero_stage"],
+                         accumulation_steps=opt_cfg["accumulation_steps"], offload=offload)
 
 
 def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
@@ -165,9 +160,7 @@ class EpochEvaluation(keras.callbacks.Callback):
         self.log: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch, logs=None):
-        from tfdist.callbacks.comm_stats import find_exchange
-
-        exchange = find_exchange(self.model.optimizer)
+        exchange = chain_of(self.model.optimizer)
         record = {"epoch": epoch + 1, "epochs": self.epochs,
                   "steps": len(self.timer.times),
                   "train_seconds": round(float(sum(self.timer.times[1:])), 4),
@@ -206,25 +199,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         model = build_model(config["model"]["name"], input_shape, num_classes,
                             config["model"]["hidden"])
         inner = _inner_optimizer(opt_cfg, lr)
-        comp, avg = config["compression"], config["averaging"]
-        kwargs = dict(accumulation_steps=accumulation, loss_scale=opt_cfg["loss_scale"],
-                      compressor=make_compressor(comp), min_compress_size=comp["min_size"],
-                      compress_1d=comp["compress_1d"], compression_start_step=comp["start_step"])
-        if avg["period"] is not None:
-            kwargs["local_sgd"] = (
-                PeriodicSchedule(avg["period"], avg["warmup_steps"]) if avg["intra_period"] is None
-                else HierarchicalSchedule(avg["intra_period"], avg["period"], avg["warmup_steps"],
-                                          avg["host_size"]))
-            kwargs["averaging_topology"] = avg["topology"]
-            kwargs["average_optimizer_state"] = avg["average_optimizer_state"]
-            if avg["slowmo_momentum"] is not None:
-                kwargs["slowmo"] = SlowMo(avg["slowmo_momentum"], avg["slowmo_learning_rate"])
-            if avg["sma_alpha"] is not None:
-                kwargs["sma"] = SMA(avg["sma_alpha"], avg["sma_momentum"])
-        optimizer = _wrap(engine, inner, opt_cfg, kwargs)
+        optimizer = _wrap(engine, inner, config)
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
-        if getattr(optimizer, "local_sgd", None) is not None:
+        if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
 
     steps = config["train"]["steps_per_epoch"] or max(1, len(y) // micro_batch)
@@ -269,8 +247,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     dense_per_step = ring_bytes("all_reduce", 4 * trainable, engine.world_size) / accumulation
     if counted:
         bytes_sent, rounds = optimizer.bytes_sent, optimizer.communication_rounds
+        calls = optimizer.collective_calls
     else:  # Keras' own all-reduce sends what a dense ring all-reduce sends (not counted)
         bytes_sent, rounds = dense_per_step * total_steps, total_steps
+        calls = total_steps if engine.world_size > 1 else 0  # one batched all-reduce per step
     summary = {
         "engine": engine.name,
         "world_size": engine.world_size,
@@ -284,6 +264,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "bytes_sent_per_step": bytes_sent / total_steps,
         "bytes_counted": counted,
         "communication_rounds": rounds,
+        # Collective calls per training step (= per gradient exchange when synchronous).
+        "collectives_per_step": calls / total_steps,
         "averaging_period": (optimizer.averaging_period
                              if getattr(optimizer, "local_sgd", None) is not None else None),
         "trainable_parameters": trainable,

@@ -1,0 +1,10 @@
+"""Every private TensorFlow / Keras touch of tfdist, one concept per module, each covered by
+tests/test_hooks.py (which fails first if an upgrade moves one). Pinned: tensorflow 2.21.x,
+keras 3.15.x.
+
+* `optimizer`: Keras optimizer internals (the gradient all-reduce, the strategy hooks, variable
+  indices, instance patches, slot placement);
+* `distribute`: tf.distribute internals (collective keys, the merge-call query);
+* `checkpoint`: checkpoint entries computed at save time, objects hidden from a checkpoint;
+* `profiler`: where and when a function's ops ran (run metadata, the profiler's trace).
+"""

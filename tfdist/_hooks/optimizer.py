@@ -1,0 +1,138 @@
+"""Every private Keras optimizer hook tfdist relies on, in one place.
+
+Each hook names the private attribute it touches and is covered by tests/test_hooks.py, which
+fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.x, keras 3.15.x.
+
+* `disable_gradient_all_reduce`: Keras' TF backend all-reduces gradients in
+  `TFOptimizer._all_reduce_sum_gradients`, called from `_backend_update_step`
+  (keras/src/backend/tensorflow/optimizer.py); tfdist wrappers reduce themselves.
+* `install_strategy_hooks`: Keras' TF optimizer class gains, once, a `build` that lets a tfdist
+  strategy attach its parts to the user's own optimizer, and an `_backend_update_step` that
+  hands them the gradients; optimizers under any other strategy take the original path.
+* `variable_index`: the optimizer's index of a variable (`_get_variable_index`), which keys
+  per-variable state; `count_apply`: a wrapper's own apply counter (`_iterations`).
+* `replace_method`: sets an attribute on an instance past Keras' attribute tracking (ZeroOptimizer
+  reroutes its inner optimizer's checkpoint methods; the pipeline places slots).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import tensorflow as tf
+
+ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
+UPDATE_HOOK = "_backend_update_step"
+ATTACHMENT_ATTRIBUTE = "_tfdist_attachment"  # what a tfdist strategy attached to an optimizer
+SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
+_installed: dict[str, Any] = {}
+
+
+def replace_method(obj, name: str, value) -> None:
+    """Sets `obj.name = value` without Keras tracking the value (a bound method or a flag)."""
+    object.__setattr__(obj, name, value)
+
+
+def disable_gradient_all_reduce(optimizer) -> None:
+    """Makes a Keras optimizer apply the gradients it is given without all-reducing them, and
+    keeps tfdist strategies from attaching to it (its wrapper reduces)."""
+    if not hasattr(type(optimizer), ALL_REDUCE_HOOK):
+        raise RuntimeError(
+            f"{type(optimizer).__name__} has no `{ALL_REDUCE_HOOK}`: this Keras version is not "
+            "supported by tfdist (pin keras 3.15.x)."
+        )
+
+    def _identity(self, grads_and_vars):
+        return list(grads_and_vars)
+
+    replace_method(optimizer, ALL_REDUCE_HOOK, types.MethodType(_identity, optimizer))
+    replace_method(optimizer, SKIP_ATTRIBUTE, True)
+
+
+def count_apply(optimizer) -> None:
+    """Adds one to the optimizer's own `_iterations` (a wrapper's `iterations` property returns
+    its inner optimizer's step, which the inner optimizer counts itself)."""
+    optimizer._iterations.assign_add(1)
+
+
+def variable_index(optimizer, variable) -> int:
+    """The index of `variable` in `optimizer`'s trainable variables (Keras' own lookup)."""
+    return optimizer._get_variable_index(variable)
+
+
+def _tf_optimizer_class():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
+
+
+def original_update_step():
+    """Keras' own `_backend_update_step` (also after `install_strategy_hooks`)."""
+    return _installed.get("original_update") or getattr(_tf_optimizer_class(), UPDATE_HOOK)
+
+
+def attachment(optimizer):
+    """What a tfdist strategy attached to `optimizer` when it was built, or None."""
+    return getattr(optimizer, ATTACHMENT_ATTRIBUTE, None)
+
+
+def install_strategy_hooks() -> None:
+    """Idempotently installs the two class hooks described in the module docstring.
+
+    A strategy takes part by defining `tfdist_attach(optimizer, variables)`, returning an object
+    with `update(grads, variables, apply)`; `apply(grads)` is Keras' own per-variable update (no
+    all-reduce), to be called with the reduced gradients.
+    """
+    if _installed:
+        return
+    import keras
+
+    cls = _tf_optimizer_class()
+    if not hasattr(cls, UPDATE_HOOK) or "build" in vars(cls):
+        raise RuntimeError(
+            "Keras' TF optimizer no longer matches what tfdist hooks (pin keras 3.15.x).")
+    original_update = getattr(cls, UPDATE_HOOK)
+
+    def build(self, variables):
+        super(cls, self).build(variables)
+        attach = getattr(self._distribution_strategy, "tfdist_attach", None)
+        skip = getattr(self, SKIP_ATTRIBUTE, False) or isinstance(
+            self, keras.optimizers.LossScaleOptimizer)
+        if attach is not None and not skip and attachment(self) is None:
+            replace_method(self, ATTACHMENT_ATTRIBUTE, attach(self, variables))
+
+    def update_step(self, grads, trainable_variables, learning_rate):
+        attached = attachment(self)
+        if attached is None:
+            return original_update(self, grads, trainable_variables, learning_rate)
+        strategy = self._distribution_strategy
+        variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
+
+        def apply(reduced):
+            tf.__internal__.distribute.interim.maybe_merge_call(
+                self._distributed_tf_update_step, strategy,
+                [(g, v) for g, v in zip(reduced, variables) if g is not None], learning_rate)
+
+        attached.update(list(grads), variables, apply)
+
+    cls.build = build
+    setattr(cls, UPDATE_HOOK, update_step)
+    _installed.update(original_update=original_update)
+
+
+def create_slots_on_variable_devices(optimizer) -> None:
+    """Makes `optimizer` create each slot on its variable's device (outside a strategy Keras
+    puts every slot on the default device). Replaces `add_variable_from_reference` on the
+    instance."""
+    if getattr(optimizer, "_tfdist_places_slots", False):
+        return
+    create = optimizer.add_variable_from_reference
+
+    def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
+        device = getattr(reference_variable, "value", reference_variable).device
+        with tf.device(device):
+            return create(reference_variable, name=name, initializer=initializer)
+
+    replace_method(optimizer, "add_variable_from_reference", add_variable_from_reference)
+    replace_method(optimizer, "_tfdist_places_slots", True)

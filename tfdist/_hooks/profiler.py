@@ -1,0 +1,62 @@
+"""Private runtime hooks: where a tf.function's nodes ran (run metadata) and when each op ran
+(the profiler's trace). Used by the pipeline's tests and its benchmark; covered by
+tests/test_hooks.py."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def executed_devices(python_function, *args) -> dict[str, tuple[str, str]]:
+    """Runs `python_function(*args)` as a new `tf.function` once and returns {node name:
+    (device, op type)} for every node of the graphs the runtime partitioned and ran (the devices
+    it assigned, not the ones asked for). Uses the eager context's run metadata, which has no
+    public API and reports a function's graphs only when it is instantiated, hence the new
+    tf.function."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        tf.function(python_function)(*args)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    return {node.name: (node.device, node.op)
+            for graph in metadata.function_graphs
+            for partition in graph.partition_graphs
+            for node in partition.node}
+
+
+# -- when each op ran ----------------------------------------------------------------------------
+def profile_op_intervals(function, logdir: str) -> list[tuple[str, int, int]]:
+    """Runs `function()` under the TensorFlow profiler and returns (node name, start ns, end ns)
+    for every op kernel executed, read from the XSpace the profiler writes under `logdir` (its
+    proto module is not part of the public API)."""
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    tf.profiler.experimental.start(logdir)
+    try:
+        function()
+    finally:
+        tf.profiler.experimental.stop()
+    paths = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
+    if not paths:
+        raise RuntimeError(f"The TensorFlow profiler wrote no trace under {logdir}.")
+    space = xplane_pb2.XSpace()
+    with open(paths[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    out = []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            for event in line.events:
+                name = names[event.metadata_id].name
+                if ":" not in name:  # op kernels are "node name:op type"
+                    continue
+                start = (base + event.offset_ps) // 1000
+                out.append((name.split(":", 1)[0], start, start + event.duration_ps // 1000))
+    return out

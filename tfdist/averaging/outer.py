@@ -1,0 +1,119 @@
+"""Outer rules: what a global model-averaging round does with the replicas' mean.
+
+Plain averaging replaces every replica's model by the mean. An outer rule takes the mean and
+returns each replica's new model, with two tensors of state per variable that every replica
+keeps alike (`anchor`, `buffer`):
+
+    new, anchor, buffer = rule.update(own, mean, anchor, buffer, world_size, first)
+
+`first` is True at the first round (the anchor then holds the model synchronized at the end of
+the warm-up). `SlowMo` and `SMA` are the two built in; a rule of your own is a subclass of
+`OuterRule` (register it in `OUTER_RULES` to name it in configs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+
+class OuterRule:
+    """Base class of outer rules (see the module docstring)."""
+
+    def update(self, own, mean, anchor, buffer, world_size: int, first):
+        """(this replica's new value, new anchor, new buffer) from the round's mean."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+
+
+@dataclass(frozen=True)
+class SlowMo(OuterRule):
+    """Slow momentum on the averaged model (Wang et al., "SlowMo", ICLR 2020).
+
+    At each averaging round, with x0 the model after the previous round and x̄ the new average:
+    v <- momentum * v + (x0 - x̄);  x0 <- x0 - learning_rate * v;  every replica takes x0.
+    (The paper's base-learning-rate factors cancel for a constant inner learning rate.)
+    momentum=0 and learning_rate=1 is plain model averaging.
+
+    Args:
+        momentum: Outer momentum beta in [0, 1). Defaults to 0.5.
+        learning_rate: Outer learning rate alpha > 0. Defaults to 1.0.
+    """
+
+    momentum: float = 0.5
+    learning_rate: float = 1.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"`learning_rate` must be > 0. Received: learning_rate={self.learning_rate!r}")
+
+    def update(self, own, mean, anchor, buffer, world_size, first):
+        """(this replica's new value, new anchor, new buffer) from the round's mean."""
+        v = self.momentum * buffer + (anchor - mean)
+        x0 = anchor - self.learning_rate * v
+        return x0, x0, v
+
+
+@dataclass(frozen=True)
+class SMA(OuterRule):
+    """Synchronous model averaging (Crossbow; Koliousis et al., VLDB 2019).
+
+    Replicas are pulled toward a central model z instead of replaced by the average. At each
+    averaging round, with w_j replica j's model after its local step and N replicas:
+    c_j = alpha (w_j - z);  w_j <- w_j - c_j;  z <- z + sum_j c_j + momentum (z - z_previous).
+    sum_j c_j = alpha N (mean_j w_j - z), so a round costs one all-reduce, like plain averaging.
+    z starts as the replicas' mean at the first round; every replica keeps the same z.
+
+    Args:
+        alpha: Pull strength in (0, 1]; Crossbow uses 1 / N. Defaults to 0.1.
+        momentum: Momentum of the central model in [0, 1). Defaults to 0.9.
+    """
+
+    alpha: float = 0.1
+    momentum: float = 0.9
+
+    def __post_init__(self):
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"`alpha` must be in (0, 1]. Received: alpha={self.alpha!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+
+    def update(self, own, mean, anchor, buffer, world_size, first):
+        z = tf.where(first, mean, anchor)
+        z_new = z + self.alpha * world_size * (mean - z) + self.momentum * buffer
+        return own - self.alpha * (own - z), z_new, z_new - z
+
+
+OUTER_RULES: dict[str, type[OuterRule]] = {"slowmo": SlowMo, "sma": SMA}
+
+
+def get(spec) -> OuterRule | None:
+    """An outer rule from an instance, None, or a config {"name": ..., **options}."""
+    if spec is None or isinstance(spec, OuterRule):
+        return spec
+    if isinstance(spec, dict) and spec.get("name") in OUTER_RULES:
+        options = {k: v for k, v in spec.items() if k != "name"}
+        try:
+            return OUTER_RULES[spec["name"]](**options)
+        except TypeError as e:
+            raise ValueError(f"Bad options for outer rule {spec['name']!r}: {e}") from None
+    raise ValueError(f"`outer` must be an OuterRule (e.g. tfdist.averaging.SlowMo()), None, or "
+                     f"{{'name': one of {sorted(OUTER_RULES)}, ...options}}. Received: {spec!r}")
+
+
+def serialize(rule: OuterRule | None) -> dict[str, Any] | None:
+    if rule is None:
+        return None
+    names = {cls: name for name, cls in OUTER_RULES.items()}
+    if type(rule) not in names:
+        raise ValueError(f"Outer rule {type(rule).__name__} is not in OUTER_RULES: register it "
+                         "there to save it in a model's config.")
+    return {"name": names[type(rule)], **rule.get_config()}

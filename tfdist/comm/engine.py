@@ -1,0 +1,230 @@
+"""Engines: how this process's replicas train together, as one object the algorithms are handed.
+
+An `Engine` gives the algorithms everything that depends on how the job runs:
+
+* the communicator for a train step (`communicator`), with the replica-safe conditional;
+* the process role: world size, this process's rank, whether it is the chief, the global ranks
+  and devices of its replicas, the replicas per host (`local_size`);
+* eager collectives, outside a train step (`run`);
+* how Keras scales the loss (`loss_divided_by_replicas`: under a tf.distribute strategy Keras
+  divides the loss by the number of replicas; elsewhere not).
+
+Algorithms (compression, averaging, zero, pipeline, the optimizer parts) never ask which engine
+runs: they receive one. `resolve()` is the one place that looks: the strategy in scope, else the
+engine a front end activated (`tfdist.horovod.init()`), else each registered engine's `detect`,
+else a world of one. A new engine is one module defining an `Engine` subclass with
+`@register`, imported by `tfdist.comm`.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.comm.base import ByteCounter, Communicator, LocalCommunicator
+from tfdist.comm.consistency import verify_same_model
+
+# name -> engine class, in detection order (highest `priority` first).
+ENGINES: dict[str, type[Engine]] = {}
+_active: list[Engine] = []  # the engine a front end activated for this process (at most one)
+
+
+class Engine(abc.ABC):
+    """One way of running data-parallel replicas (see the module docstring).
+
+    Subclasses set `name` and implement the abstract members; `detect` finds a running instance.
+    """
+
+    name: ClassVar[str] = ""
+    priority: ClassVar[int] = 0
+    # Keras divides the loss by the number of replicas only under a tf.distribute strategy.
+    loss_divided_by_replicas: ClassVar[bool] = False
+
+    # -- detection ------------------------------------------------------------------------------
+    @classmethod
+    def detect(cls, strategy: tf.distribute.Strategy) -> Engine | None:
+        """An instance if this engine runs the current process (with `strategy` in scope)."""
+        return None
+
+    # -- the communicator ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def communicator(self, counter: ByteCounter | None = None) -> Communicator:
+        """The communicator for collectives inside a train step (replica context)."""
+
+    # -- process role ----------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """Replicas (ranks) training in sync, over all processes."""
+
+    @property
+    def process_count(self) -> int:
+        return 1
+
+    @property
+    def process_index(self) -> int:
+        return 0
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the job's files (worker 0 / rank 0)."""
+        return self.process_index == 0
+
+    @property
+    def local_devices(self) -> list[str]:
+        """The devices of this process's replicas, in local order."""
+        return ["/device:CPU:0"]
+
+    def local_ranks(self) -> list[int]:
+        """The global ranks of this process's replicas, in local order."""
+        return [self.process_index]
+
+    @property
+    def local_size(self) -> int:
+        """Replicas per host: the default host size of hierarchical averaging."""
+        return 1
+
+    @property
+    def multi_process(self) -> bool:
+        return self.process_count > 1
+
+    # -- eager collectives -----------------------------------------------------------------------
+    def run(self, fn: Callable[[Communicator], Any], timeout: float | None = None) -> Any:
+        """Runs `fn(communicator)` on every local replica, outside a train step, and returns this
+        process's first replica's result (callbacks, checks, checkpoint gathers).
+
+        Raises:
+            TimeoutError: `fn` had not returned after `timeout` seconds (the other processes
+                did not join the collective); it is left waiting on a daemon thread.
+        """
+        if timeout is None:
+            return self._run(fn)
+        return within(timeout, lambda: self._run(fn))
+
+    def _run(self, fn: Callable[[Communicator], Any]) -> Any:
+        return fn(self.communicator())
+
+    def replica_copies(self, variable) -> list:
+        """The per-replica components of a (possibly mirrored) variable, in local order."""
+        return replica_copies(variable)
+
+    def verify_same_model(self, variables) -> None:
+        """Raises the same clear error on every worker if the workers' models differ."""
+        if self.world_size > 1:
+            verify_same_model(variables, self.communicator(), run=self._run_collective)
+
+    def _run_collective(self, fn: Callable[[], tf.Tensor]) -> tf.Tensor:
+        return self._run(lambda _: fn())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(world_size={self.world_size})"
+
+
+def replica_copies(variable) -> list:
+    """The per-replica components of a (possibly mirrored) variable, in local order."""
+    value = getattr(variable, "value", variable)
+    if isinstance(value, tf.distribute.DistributedValues):
+        return list(value.values)
+    return [value]
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """`fn()`, or a TimeoutError if it has not returned after `seconds` (Horovod's collectives
+    have no timeout of their own)."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=target, name="tfdist-collective", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"the collective did not finish within {seconds:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+class LocalEngine(Engine):
+    """A world of one: every collective is the identity and sends nothing."""
+
+    name = "local"
+    priority = -100
+
+    @classmethod
+    def detect(cls, strategy):
+        return cls()
+
+    def communicator(self, counter=None):
+        return LocalCommunicator(counter)
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    """Class decorator: makes an engine known to `resolve` (and by name to `get`)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a `name` to be registered.")
+    ENGINES[cls.name] = cls
+    order = sorted(ENGINES.items(), key=lambda item: -item[1].priority)
+    ENGINES.clear()
+    ENGINES.update(order)
+    return cls
+
+
+register(LocalEngine)
+
+
+def activate(engine: Engine | None) -> None:
+    """Makes `engine` this process's engine wherever no tf.distribute strategy with several
+    replicas is in scope (what `tfdist.horovod.init()` does); None forgets it."""
+    _active.clear()
+    if engine is not None:
+        _active.append(engine)
+
+
+def resolve(strategy: tf.distribute.Strategy | None = None) -> Engine:
+    """The engine running this process.
+
+    Engines bound to a strategy (priority > 0: the tf.distribute engine for Mirrored and
+    multi-worker strategies) are asked first, with the strategy in scope (or `strategy`); then
+    the engine a front end activated; then the other registered engines' `detect`; else a world
+    of one."""
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    for bound in (True, False):
+        if not bound and _active:
+            return _active[0]
+        for cls in ENGINES.values():
+            if (cls.priority > 0) == bound:
+                engine = cls.detect(strategy)
+                if engine is not None:
+                    return engine
+    return LocalEngine()
+
+
+def get(spec: str | Engine | None) -> Engine | None:
+    """An engine from an instance, a registered name (created now), or None (resolve later)."""
+    if spec is None or isinstance(spec, Engine):
+        return spec
+    if isinstance(spec, str) and spec in ENGINES:
+        return ENGINES[spec]()
+    raise ValueError(f"Unknown engine {spec!r}; choose one of {sorted(ENGINES)}, or pass an "
+                     "Engine instance.")
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    """`value` as an int if it is an integer >= minimum, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+    return int(value)

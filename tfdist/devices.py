@@ -1,0 +1,60 @@
+"""Placement on a process's devices, for pipelines and tensor-parallel layers: default devices,
+checks, ops whose gradients run where their forward ran, and optimizer slots beside their
+variables."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tfdist._hooks.optimizer import create_slots_on_variable_devices
+
+
+def default_devices(count: int) -> list[str]:
+    """The first `count` logical GPUs, or logical CPUs when there are no GPUs."""
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    if count > len(devices):
+        raise ValueError(f"The pipeline has {count} stages but this process has {len(devices)} "
+                         f"devices ({', '.join(d.name for d in devices)}): give at most "
+                         f"{len(devices)} stages, or create logical devices "
+                         "(tf.config.set_logical_device_configuration) before TensorFlow starts.")
+    return [d.name for d in devices[:count]]
+
+
+def check_devices(devices: list[str]) -> None:
+    known = {tf.DeviceSpec.from_string(d.name).to_string() for d in tf.config.list_logical_devices()}
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device)
+        full = tf.DeviceSpec(job="localhost", replica=0, task=0).make_merged_spec(spec).to_string()
+        if full not in known and spec.to_string() not in known:
+            raise ValueError(f"Pipeline device {device!r} does not exist in this process; its "
+                             f"devices are: {', '.join(sorted(known))}.")
+
+
+def place_slots(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """Makes `optimizer` create each slot (momentum, Adam m/v, ...) on its variable's device.
+
+    Outside a strategy Keras creates every slot on the default device; a pipelined model needs
+    them next to their stage. Call before the optimizer is built (before `fit`); returns it.
+    `PipelineModel.compile` does this itself."""
+    create_slots_on_variable_devices(optimizer)
+    return optimizer
+
+
+def on_device(device: str, fn, *tensors):
+    """`fn(*tensors)` with its forward and its gradient ops on `device` (a plain `tf.device`
+    places only the forward)."""
+
+    @tf.custom_gradient
+    def placed(*xs):
+        with tf.device(device), tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = fn(*xs)
+
+        def grad(dy):
+            with tf.device(device):
+                return tape.gradient(y, list(xs), output_gradients=dy)
+
+        return y, grad
+
+    return placed(*tensors)

@@ -1,0 +1,128 @@
+"""`Chain`: one optimizer's distributed step: its parts, their counters, and its engine.
+
+Both entry points carry one: `tfdist.DistributedOptimizer` (a wrapper, any engine) builds its
+own, and a tfdist strategy attaches one to the user's own Keras optimizer when that is built.
+`chain_of(optimizer)` finds it behind any optimizer, so callbacks and tools read the same
+counters (`bytes_sent`, `collective_calls`, `communication_rounds`) in every form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import tensorflow as tf
+
+from tfdist._hooks.optimizer import attachment
+from tfdist.comm import Engine, resolve
+from tfdist.optimizers.accumulation import Accumulation
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.optimizers.local_sgd import LocalSGD
+from tfdist.optimizers.norms import TrackNorms
+from tfdist.optimizers.parts import Part, StepContext, Traffic, ordered, run_chain
+
+P = TypeVar("P", bound=Part)
+
+
+class Chain:
+    """The parts of a distributed step, in order, with the counters they share.
+
+    Args:
+        parts: The parts (any order; they are put in chain order). A `GradientExchange` (dense)
+            is added when none is given.
+        engine: The engine to run on; None resolves it when the owner optimizer is built (the
+            strategy in scope, or the engine `tfdist.horovod.init()` activated).
+    """
+
+    def __init__(self, parts: Sequence[Part], engine: Engine | None = None):
+        parts = list(parts)
+        if not any(p.position == GradientExchange.position for p in parts):
+            parts.append(GradientExchange())
+        self.parts = ordered(parts)
+        self.engine: Engine | None = engine
+        self.traffic = Traffic()
+        self.owner = None
+
+    def build(self, owner, var_list) -> None:
+        """Resolves the engine and creates every part's state as variables of `owner`."""
+        self.owner = owner
+        if self.engine is None:
+            self.engine = resolve()
+        self.traffic.build(owner)
+        for part in self.parts:
+            part.build(owner, var_list, self.engine)
+
+    @property
+    def built(self) -> bool:
+        return self.traffic.built
+
+    def update(self, grads: list, variables: list, apply: Callable[[list], None]) -> None:
+        """Runs one step: `grads` through the parts, ending in `apply(reduced grads)`."""
+        assert self.engine is not None and self.owner is not None
+        engine = self.engine
+        if not engine.loss_divided_by_replicas and engine.world_size > 1:
+            share = 1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
+            grads = [None if g is None else g * tf.cast(share, g.dtype) for g in grads]
+        ctx = StepContext(engine, engine.communicator(self.traffic.counter()),
+                          list(variables), apply, self.traffic, self.owner)
+        run_chain(self.parts, ctx, grads)
+
+    def part(self, kind: type[P]) -> P | None:
+        """This chain's part of type `kind`, or None."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    @property
+    def exchange(self) -> GradientExchange | None:
+        """The gradient exchange (None where another part exchanges, e.g. ZeRO's)."""
+        return self.part(GradientExchange)
+
+    @property
+    def accumulation(self) -> Accumulation | None:
+        return self.part(Accumulation)
+
+    @property
+    def local_sgd(self) -> LocalSGD | None:
+        return self.part(LocalSGD)
+
+    @property
+    def norms(self) -> TrackNorms | None:
+        return self.part(TrackNorms)
+
+    def variables(self) -> list:
+        return self.traffic.variables() + [v for p in self.parts for v in p.variables()]
+
+    def per_replica_variables(self) -> list:
+        return [v for p in self.parts for v in p.per_replica_variables()]
+
+    # -- the counters ----------------------------------------------------------------------------
+    @property
+    def bytes_sent(self) -> float:
+        """Total bytes this worker has sent (ring-algorithm accounting, see `tfdist.comm`)."""
+        return self.traffic.bytes_sent
+
+    @property
+    def collective_calls(self) -> int:
+        """Collective calls this worker has made."""
+        return self.traffic.collective_calls
+
+    @property
+    def communication_rounds(self) -> int:
+        """Gradient exchanges and model-averaging rounds so far."""
+        return self.traffic.communication_rounds
+
+    def dense_bytes_per_exchange(self) -> float | None:
+        return self.traffic.dense_bytes_per_exchange()
+
+
+def chain_of(optimizer) -> Chain | None:
+    """The `Chain` behind an optimizer: a tfdist wrapper's, or the one a tfdist strategy attached
+    to a Keras optimizer (also inside Keras' LossScaleOptimizer); None for any other."""
+    while optimizer is not None:
+        chain = getattr(optimizer, "chain", None)
+        if isinstance(chain, Chain):
+            return chain
+        attached = attachment(optimizer)
+        if attached is not None:
+            return attached
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return None

@@ -1,0 +1,52 @@
+"""`DynamicLossScaling`: dynamic loss scaling whose skip decision every worker shares."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist.comm.holes import Holes
+from tfdist.optimizers.parts import Part
+
+
+class DynamicLossScaling(Part):
+    """Undoes the loss scale on this replica's gradients, and applies the *reduced* gradients
+    only if they are all finite (else halves the scale and skips the step).
+
+    Keras' `LossScaleOptimizer` decides per worker from its local gradients; one worker would then
+    skip a collective the others enter. The reduced gradients are the same everywhere, so every
+    worker decides alike. The scale and its growth counter are the owner's (a
+    `keras.optimizers.LossScaleOptimizer`: `dynamic_scale`, `step_counter`,
+    `dynamic_growth_steps`). Gradients are unscaled first, so error-feedback state does not
+    depend on the loss scale.
+    """
+
+    position = 0
+
+    def step(self, ctx, grads, next) -> None:
+        owner = ctx.owner
+        scale = owner.dynamic_scale
+        unscaled = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
+        apply = ctx.apply
+
+        def apply_if_finite(reduced):
+            holes = Holes(reduced)
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in holes.values])
+
+            def apply_finite(*values):
+                apply(holes.refill(values))
+                count = tf.convert_to_tensor(owner.step_counter)
+                grow = tf.equal(count, owner.dynamic_growth_steps - 1)
+                owner.step_counter.assign(tf.where(grow, tf.zeros_like(count), count + 1))
+                owner.dynamic_scale.assign(tf.where(grow, scale * 2.0, scale))
+
+            def skip_non_finite(*values):
+                owner.step_counter.assign(0)
+                owner.dynamic_scale.assign(scale * 0.5)
+
+            # Per-replica tensors go through `args`, not closures (see Communicator.cond).
+            ctx.comm.cond(finite, apply_finite, skip_non_finite, args=holes.values)
+
+        next(ctx.replace(apply=apply_if_finite), unscaled)
+
+    def __repr__(self) -> str:
+        return "DynamicLossScaling()"

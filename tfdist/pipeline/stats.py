@@ -1,0 +1,28 @@
+"""What a run of a pipeline's schedule kept for the backward, per stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PipelineStats:
+    """What the last built run of the schedule kept for the backward, per stage.
+
+    `peak_microbatches[j]`: the most micro-batches whose forward ran on stage j and whose backward
+    had not; `peak_bytes[j]`: the most bytes of tensors stage j kept for them at once (its inputs
+    with re-materialization; also every layer's output without), None where shapes are dynamic."""
+
+    schedule: str
+    num_microbatches: int
+    peak_microbatches: list[int] = field(default_factory=list)
+    peak_bytes: list[int | None] = field(default_factory=list)
+
+
+def nbytes(tensors) -> int | None:
+    total = 0
+    for t in tensors:
+        if not t.shape.is_fully_defined():
+            return None
+        total += t.shape.num_elements() * t.dtype.size
+    return total

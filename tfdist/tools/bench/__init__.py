@@ -1,0 +1,7 @@
+"""`tfdist bench`: the benchmark suites.
+
+* `suites`: engines, compression, local_sgd, memory and pipeline (one process each);
+* `comm`: the algorithm x link sweep on the emulated multi-host cluster;
+* `pipeline`: the pipeline suite's measurements (step time, idle fractions from a profiler trace,
+  activation memory).
+"""

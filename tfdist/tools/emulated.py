@@ -1,0 +1,374 @@
+"""An emulated multi-host cluster on one machine: network namespaces joined by a bridge, with the
+links' bandwidth set by `tc`.
+
+    with EmulatedCluster(hosts=2, bandwidth="100mbit") as cluster:
+        results = cluster.run_workers(["python", "train.py"], timeout=600)
+
+    python -m tfdist.emulated up --hosts 2 --bandwidth 100mbit   # holds until Ctrl-C
+    python -m tfdist.emulated down                               # removes leftovers
+
+Layout: host i is the namespace `tfd-<pid>-h<i>` with one veth, address 10.213.0.<i+1>/24; the
+other ends hang on a bridge in a namespace of its own (`tfd-<pid>-br`), so nothing is added to
+the machine's own network namespace and only addresses inside these namespaces are used. Each
+host's link is shaped in both directions by a token-bucket filter (`tbf`) at `bandwidth`; a
+`delay` needs the kernel's `netem` qdisc (checked before anything is created).
+
+Clean-up happens on exit from the `with` block and, if this process dies without reaching it
+(even by SIGKILL), in a watchdog process that holds a pipe to this one and removes the
+namespaces, with every process inside them, when the pipe closes. `down` also removes the
+namespaces of owners that are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+PREFIX = "tfd-"
+SUBNET = "10.213.0"
+WORKER_PORT = 23456
+HOST_MEMORY_BYTES = 1536 * 2**20  # what one TensorFlow worker needs, for the host-count check
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_bandwidth(text: str) -> int:
+    """'100mbit', '1gbit', '10Gbit/s' -> bits per second."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)(?:/s|ps)?\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _RATE_UNITS:
+        raise ValueError(f"bandwidth {text!r}: give a number and a unit, one of "
+                         f"{', '.join(_RATE_UNITS)} (e.g. 100mbit, 1gbit, 10gbit)")
+    bits = float(m.group(1)) * _RATE_UNITS[unit]
+    if bits < 10_000:
+        raise ValueError(f"bandwidth {text!r}: at least 10kbit")
+    return int(bits)
+
+
+def parse_delay(text: str) -> float:
+    """'5ms', '100us', '0.02s' -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*", str(text))
+    if not m or m.group(2) not in _TIME_UNITS:
+        raise ValueError(f"delay {text!r}: give a number and a unit, one of "
+                         f"{', '.join(_TIME_UNITS)} (e.g. 0.1ms, 5ms)")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def _qdisc_available(kind: str) -> bool:
+    """Whether the kernel has the `kind` qdisc (tried on a veth in a scratch namespace)."""
+    ns = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1")
+        args = ["rate", "1mbit", "burst", "32kbit", "latency", "50ms"] if kind == "tbf" else []
+        return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "probe0",
+                               "root", kind, *args], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {out.stderr.strip()}")
+
+
+def check_can_emulate(hosts: int, delay: float = 0.0) -> None:
+    """Raises, before anything is created, if this machine cannot hold the cluster."""
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+        raise ValueError(f"hosts={hosts!r}: must be an integer >= 1")
+    if hosts > 250:
+        raise ValueError(f"hosts={hosts}: at most 250 (one /24 subnet)")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if hosts * HOST_MEMORY_BYTES > memory:
+        raise ValueError(f"hosts={hosts}: this machine has {memory / 2**30:.1f} GiB of memory, "
+                         f"room for {memory // HOST_MEMORY_BYTES} workers of "
+                         f"{HOST_MEMORY_BYTES / 2**30:.1f} GiB; use fewer hosts")
+    if os.geteuid() != 0:
+        raise PermissionError("An emulated cluster needs root (network namespaces, tc).")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise FileNotFoundError(f"`{tool}` not found: install iproute2.")
+    if not _qdisc_available("tbf"):
+        raise RuntimeError("This kernel has no tbf qdisc: link bandwidth cannot be set.")
+    if delay and not _qdisc_available("netem"):
+        raise RuntimeError(f"delay={delay * 1e3:g}ms needs the kernel's netem qdisc "
+                           "(sch_netem), which this machine lacks; emulate bandwidth only "
+                           "(delay 0) or load sch_netem.")
+
+
+class EmulatedCluster:
+    """`hosts` network namespaces on a bridge, each link shaped to `bandwidth` (and `delay`).
+
+    Args:
+        hosts: Number of emulated hosts (one worker each).
+        bandwidth: Each host's link rate in each direction, e.g. "100mbit", "1gbit".
+        delay: One-way added latency per link, e.g. "5ms" (needs netem), or None.
+    """
+
+    def __init__(self, hosts: int, bandwidth: str = "1gbit", delay: str | None = None):
+        self.rate = parse_bandwidth(bandwidth)
+        self.delay = parse_delay(delay) if delay else 0.0
+        check_can_emulate(hosts, self.delay)
+        self.hosts, self.bandwidth = hosts, bandwidth
+        tag = f"{PREFIX}{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        self.namespaces = [f"{tag}-h{i}" for i in range(hosts)]
+        self.bridge_namespace = f"{tag}-br"
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
+        self._watchdog: subprocess.Popen | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def __enter__(self) -> EmulatedCluster:
+        self.up()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> None:
+        sweep()
+        self._start_watchdog()
+        try:
+            self._create()
+        except BaseException:
+            self.down()
+            raise
+
+    def _create(self) -> None:
+        br = self.bridge_namespace
+        _ip("netns", "add", br)
+        _ip("-n", br, "link", "set", "lo", "up")
+        _ip("-n", br, "link", "add", "br0", "type", "bridge")
+        _ip("-n", br, "link", "set", "br0", "up")
+        for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses)):
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"port{i}",
+                "netns", br)
+            _ip("-n", br, "link", "set", f"port{i}", "master", "br0")
+            _ip("-n", br, "link", "set", f"port{i}", "up")
+            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            self._shape(ns, "eth0")  # host -> bridge: the host's upload
+            self._shape(br, f"port{i}")  # bridge -> host: its download
+
+    def _shape(self, ns: str, dev: str) -> None:
+        # Burst: 1 ms at the rate (at least 32 kB, so one 64 kB segment offload fits twice);
+        # queue: up to 100 ms of data before dropping.
+        burst = max(64 * 1024, self.rate // 8 // 1000)
+        tbf = ["tbf", "rate", f"{self.rate}bit", "burst", str(burst), "latency", "100ms"]
+        if self.delay:
+            cmd = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+                   "delay", f"{self.delay * 1e6:.0f}us"]
+            _tc(ns, *cmd)
+            _tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
+        else:
+            _tc(ns, "qdisc", "add", "dev", dev, "root", *tbf)
+        # Segment offloads would let one "packet" of 64 kB through the bucket at once.
+        subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso",
+                        "off", "gro", "off"], capture_output=True)
+
+    def down(self) -> None:
+        """Removes the namespaces (and everything running in them); idempotent."""
+        teardown([*self.namespaces, self.bridge_namespace])
+        if self._watchdog is not None:
+            with contextlib.suppress(OSError):
+                assert self._watchdog.stdin is not None
+                self._watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(10)
+            self._watchdog = None
+
+    def _start_watchdog(self) -> None:
+        self._watchdog = subprocess.Popen(
+            # The file as a script: the watchdog imports neither tfdist nor TensorFlow.
+            [sys.executable, os.path.abspath(__file__), "_watch", *self.namespaces,
+             self.bridge_namespace],
+            stdin=subprocess.PIPE, start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+
+    # -- running workers -----------------------------------------------------------------------
+    def command(self, host: int, argv: Sequence[str]) -> list[str]:
+        """`argv` run on emulated host `host`."""
+        return ["ip", "netns", "exec", self.namespaces[host], *argv]
+
+    def tf_config(self, index: int) -> str:
+        from tfdist.tools.launch import cluster_config
+
+        return cluster_config(index, [f"{a}:{WORKER_PORT}" for a in self.addresses])
+
+    def run_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]], timeout: float,
+                    env: dict | None = None, echo: bool = False,
+                    on_line: Callable[[int, str], None] | None = None) -> list[Any]:
+        """`argv` (or `argv(host)`) as one TF_CONFIG worker per host; stops all if one fails
+        (tfdist.tools.launch.run_processes)."""
+        from tfdist.tools.launch import run_processes
+
+        base = dict(os.environ if env is None else env)
+        commands = [(self.command(i, argv(i) if callable(argv) else argv),
+                     {**base, "TF_CONFIG": self.tf_config(i)}) for i in range(self.hosts)]
+        return run_processes(commands, timeout, echo=echo, on_line=on_line)
+
+    def run_horovod_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]],
+                            timeout: float, env: dict | None = None, echo: bool = False,
+                            on_line: Callable[[int, str], None] | None = None) -> list[Any]:
+        """`argv` as one Horovod (Gloo) rank per host: what `horovodrun --gloo` does, without
+        its ssh: Horovod's rendezvous server runs on host 0, each rank gets its HOROVOD_*
+        variables and talks over its emulated link (eth0)."""
+        from tfdist.tools.launch import run_processes
+
+        server = subprocess.Popen(
+            self.command(0, [sys.executable, "-c", _RENDEZVOUS,
+                             ",".join(f"{a}:1" for a in self.addresses), str(self.hosts)]),
+            stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert server.stdout is not None
+            port = server.stdout.readline().strip()
+            if not port.isdigit():
+                raise RuntimeError("Horovod's rendezvous server did not start on host 0 "
+                                   "(is Horovod installed? launch/build_horovod.sh)")
+            base = dict(os.environ if env is None else env)
+            base.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=self.addresses[0],
+                        HOROVOD_GLOO_RENDEZVOUS_PORT=port, HOROVOD_CONTROLLER="gloo",
+                        HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="eth0")
+            n = str(self.hosts)
+            # Horovod 0.28's process sets open their Gloo device by the host name, not by
+            # HOROVOD_GLOO_IFACE: each rank gets a UTS namespace named after its address.
+            commands = [(self.command(i, ["unshare", "--uts", "sh", "-c",
+                                          f'hostname {self.addresses[i]} && exec "$@"', "sh",
+                                          *(argv(i) if callable(argv) else argv)]),
+                         {**base, "HOROVOD_HOSTNAME": self.addresses[i], "HOROVOD_RANK": str(i),
+                          "HOROVOD_SIZE": n, "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+                          "HOROVOD_CROSS_RANK": str(i), "HOROVOD_CROSS_SIZE": n})
+                        for i in range(self.hosts)]
+            return run_processes(commands, timeout, echo=echo, on_line=on_line)
+        finally:
+            server.kill()
+            server.wait()
+
+    def tx_bytes(self) -> list[int]:
+        """Bytes each host has sent on its link so far (its interface's counter)."""
+        counts = []
+        for ns in self.namespaces:
+            out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", "eth0"],
+                                 capture_output=True, text=True, check=True).stdout
+            counts.append(int(json.loads(out)[0]["stats64"]["tx"]["bytes"]))
+        return counts
+
+
+# Horovod's rendezvous (what horovodrun serves): argv = hosts "addr:slots,...", number of ranks.
+_RENDEZVOUS = """
+import sys, time
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.http.http_server import RendezvousServer
+server = RendezvousServer()
+port = server.start()
+server.init(get_host_assignments(parse_hosts(sys.argv[1]), int(sys.argv[2])))
+print(port, flush=True)
+time.sleep(10**9)
+"""
+
+
+def _tc(ns: str, *args: str) -> None:
+    out = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise RuntimeError(f"`tc {' '.join(args)}` in {ns} failed: {out.stderr.strip()}")
+
+
+def namespaces() -> list[str]:
+    """tfdist's emulated-cluster namespaces on this machine."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.split() and line.split()[0].startswith(PREFIX)]
+
+
+def teardown(names: Sequence[str]) -> None:
+    """Kills every process in the namespaces, then deletes them (their veths go with them)."""
+    present = set(namespaces())
+    for ns in names:
+        if ns not in present:
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _owner_alive(ns: str) -> bool:
+    m = re.match(rf"{PREFIX}(\d+)-", ns)
+    if not m:
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(everything: bool = False) -> list[str]:
+    """Removes the namespaces of clusters whose owner process is gone (all with `everything`)."""
+    stale = [ns for ns in namespaces() if everything or not _owner_alive(ns)]
+    teardown(stale)
+    return stale
+
+
+def _watch(names: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        sys.stdin.buffer.read()  # returns when the owner closes the pipe or dies
+    teardown(names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfdist.emulated",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="create a cluster and hold it until interrupted")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--bandwidth", default="1gbit")
+    up.add_argument("--delay", default=None)
+    up.add_argument("--hold", type=float, default=None, help="seconds to hold (default: forever)")
+    down = sub.add_parser("down", help="remove clusters whose owner is gone (--all: every one)")
+    down.add_argument("--all", action="store_true")
+    watch = sub.add_parser("_watch")
+    watch.add_argument("names", nargs="*")
+    args = parser.parse_args(argv)
+    if args.command == "_watch":
+        _watch(args.names)
+        return 0
+    if args.command == "down":
+        removed = sweep(everything=args.all)
+        print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
+        return 0
+    try:
+        cluster = EmulatedCluster(args.hosts, args.bandwidth, args.delay)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with cluster:
+        for i, (ns, address) in enumerate(zip(cluster.namespaces, cluster.addresses)):
+            print(f"host {i}: {address} (ip netns exec {ns} ...)")
+        print(f"ready: {args.hosts} hosts, {args.bandwidth} links", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(args.hold if args.hold is not None else 10**9)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

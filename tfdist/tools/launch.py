@@ -1,0 +1,369 @@
+"""Start worker processes (TF_CONFIG or horovodrun) with a hard timeout and clean-up.
+
+Used by the test rig and by `python -m tfdist.launch`:
+
+    python -m tfdist.launch --workers 2 -- tfdist train --set engine.name=multi_worker
+    python -m tfdist.launch --hosts node1:2,node2:2 -- .venv/bin/tfdist train ...
+    python -m tfdist.launch --hostfile hosts.txt --port 23456 -- .venv/bin/tfdist train ...
+    python -m tfdist.launch --horovod -np 4 --hostfile hosts.txt -- python train.py
+    python -m tfdist.launch --horovod -np 4 --min-np 2 --max-np 8 \
+        --host-discovery-script ./discover_hosts.sh -- python train.py      # elastic Horovod
+
+TF_CONFIG workers: `--workers N` runs N workers on 127.0.0.1 with free ports; `--hosts` or
+`--hostfile` (lines `host slots=N`, `host:N` or `host`, as for horovodrun and MPI) runs
+`slots` workers per host, listening on `host:port`, `host:port+1`, ...; workers on this
+machine start directly, the others through ssh (`--ssh`, default `ssh -tt -o BatchMode=yes`,
+so closing the session stops the remote worker) in the same working directory. Output is
+streamed with a `[worker i]` prefix; if one worker fails, the others are stopped; the exit code
+is the first failure's (or 0). Every local process runs in its own process group, killed on exit.
+
+Horovod: `--horovod` builds the `horovodrun` command (Gloo by default, `--mpi` for MPI; hosts
+from `--hosts`/`--hostfile`; the elastic flags passed through), prints it and runs it under the
+same timeout; `--dry-run` only prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class WorkerResult:
+    rank: int
+    returncode: int | None  # None: killed at the timeout or because another worker failed
+    output: str
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that are free on `host` right now."""
+    with contextlib.ExitStack() as stack:
+        socks = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+
+
+def cluster_config(index: int, addresses: list[str]) -> str:
+    """TF_CONFIG for worker `index` of the workers at `addresses` ("host:port" each)."""
+    return json.dumps({"cluster": {"worker": addresses},
+                       "task": {"type": "worker", "index": index}})
+
+
+def tf_config(index: int, ports: list[int], host: str = "127.0.0.1") -> str:
+    """TF_CONFIG for worker `index` of a cluster of len(ports) workers on `host`."""
+    return cluster_config(index, [f"{host}:{p}" for p in ports])
+
+
+def _pump(proc: subprocess.Popen, rank: int, sink: list[str], echo: bool,
+          on_line: Callable[[int, str], None] | None) -> None:
+    assert proc.stdout is not None
+    for line in iter(proc.stdout.readline, ""):
+        line = line.replace("\r\n", "\n")  # ssh -tt sessions end lines with CRLF
+        sink.append(line)
+        if echo:
+            sys.stdout.write(f"[worker {rank}] {line}")
+            sys.stdout.flush()
+        if on_line is not None:
+            on_line(rank, line)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float,
+                  echo: bool = False, stop_on_failure: bool = True,
+                  on_line: Callable[[int, str], None] | None = None) -> list[WorkerResult]:
+    """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
+
+    Args:
+        commands: (argv, environment) per process.
+        timeout: Seconds before every process still running is killed.
+        echo: Stream output with a `[worker i]` prefix.
+        stop_on_failure: Stop the others (after a 10 s grace for their own error reports)
+            when one exits non-zero.
+        on_line: Called with (rank, line) for every line a process writes, as it comes.
+    """
+    procs: list[subprocess.Popen] = []
+    sinks: list[list[str]] = []
+    threads = []
+    try:
+        for rank, (argv, env) in enumerate(commands):
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+            procs.append(proc)
+            sinks.append([])
+            t = threading.Thread(target=_pump, args=(proc, rank, sinks[-1], echo, on_line),
+                                 daemon=True)
+            t.start()
+            threads.append(t)
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if stop_on_failure and failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > 10:
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            _kill_group(p)
+        for t in threads:
+            t.join(5)
+    killed = {i for i, p in enumerate(procs) if p.returncode is not None and p.returncode < 0}
+    return [
+        WorkerResult(i, None if i in killed else p.returncode, "".join(sinks[i]))
+        for i, p in enumerate(procs)
+    ]
+
+
+def run_tf_workers(argv: list[str], num_workers: int, timeout: float,
+                   env: dict[str, str] | None = None, echo: bool = False) -> list[WorkerResult]:
+    """Runs `argv` as `num_workers` TF_CONFIG workers on 127.0.0.1."""
+    if num_workers < 1:
+        raise ValueError(f"`num_workers` must be >= 1. Received: num_workers={num_workers}")
+    return run_processes(host_commands(argv, [("127.0.0.1", num_workers)], env=env), timeout,
+                         echo=echo)
+
+
+DEFAULT_PORT = 23456
+DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """'node1:2,node2' -> [('node1', 2), ('node2', 1)]."""
+    hosts = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, slots = item.partition(":")
+        if not name or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
+            raise ValueError(f"--hosts: {item!r} is not host or host:slots (slots >= 1), "
+                             "e.g. node1:2,node2:2")
+        hosts.append((name, int(slots or 1)))
+    if not hosts:
+        raise ValueError("--hosts: no hosts given, e.g. --hosts node1:2,node2:2")
+    return hosts
+
+
+def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
+    """A hostfile as horovodrun and MPI read it: `host slots=N`, `host:N` or `host` per line,
+    `#` comments."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"hostfile {p} not found")
+    hosts = []
+    for number, raw in enumerate(p.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?", line)
+        slots = int(m.group(2) or m.group(3) or 1) if m else 0
+        if not m or slots < 1:
+            raise ValueError(f"{p}:{number}: {raw.strip()!r} is not `host slots=N`, `host:N` or "
+                             "`host` (N >= 1)")
+        hosts.append((m.group(1), slots))
+    if not hosts:
+        raise ValueError(f"hostfile {p} lists no hosts")
+    return hosts
+
+
+def is_local(host: str) -> bool:
+    """Whether `host` names this machine (workers there start without ssh)."""
+    return host in {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+
+
+def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEFAULT_PORT,
+                  ssh: str = DEFAULT_SSH, env: dict[str, str] | None = None
+                  ) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) per worker: `slots` workers per host, TF_CONFIG addresses
+    host:port, host:port+1, ...; remote ones wrapped in `ssh host 'cd ... && env ... argv'`
+    (only TF_CONFIG and the TF_/TFDIST_/PYTHON variables set here travel with them)."""
+    base = dict(os.environ if env is None else env)
+    all_local = all(is_local(h) for h, _ in hosts)
+    total = sum(slots for _, slots in hosts)
+    ports = free_ports(total) if all_local else None
+    addresses: list[str] = []
+    for host, slots in hosts:
+        for k in range(slots):
+            addresses.append(f"{'127.0.0.1' if all_local else host}:"
+                             f"{ports[len(addresses)] if ports else port + k}")
+    commands = []
+    rank = 0
+    for host, slots in hosts:
+        for _ in range(slots):
+            config = cluster_config(rank, addresses)
+            if is_local(host):
+                commands.append((argv, {**base, "TF_CONFIG": config}))
+            else:
+                passed = {k: v for k, v in base.items()
+                          if k.startswith(("TF_", "TFDIST_", "PYTHON")) and k != "TF_CONFIG"}
+                exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in
+                                   sorted({**passed, "TF_CONFIG": config}.items()))
+                remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
+                          f"{' '.join(shlex.quote(a) for a in argv)}")
+                commands.append(([*shlex.split(ssh), host, remote], base))
+            rank += 1
+    return commands
+
+
+def horovodrun_command(argv: list[str], np: int, hosts: list[tuple[str, int]] | None = None,
+                       hostfile: str | None = None, mpi: bool = False,
+                       network_interface: str | None = None, min_np: int | None = None,
+                       max_np: int | None = None, host_discovery_script: str | None = None,
+                       horovodrun: str | None = None) -> list[str]:
+    """The horovodrun command line for `argv` on `np` ranks (Gloo unless `mpi`); elastic when
+    `host_discovery_script` is given."""
+    if np < 1:
+        raise ValueError(f"-np must be >= 1. Received: {np}")
+    if hosts and hostfile:
+        raise ValueError("give --hosts or --hostfile, not both")
+    elastic = host_discovery_script is not None
+    if (min_np is not None or max_np is not None) and not elastic:
+        raise ValueError("--min-np/--max-np are elastic flags: give --host-discovery-script "
+                         "(a script printing host:slots lines) as well")
+    if elastic and (hosts or hostfile):
+        raise ValueError("elastic Horovod finds its hosts with --host-discovery-script; drop "
+                         "--hosts/--hostfile")
+    if min_np is not None and min_np > np or max_np is not None and max_np < np:
+        raise ValueError(f"need min-np <= np <= max-np. Received: min-np={min_np}, np={np}, "
+                         f"max-np={max_np}")
+    slots = sum(s for _, s in hosts) if hosts else None
+    if slots is not None and slots < np:
+        raise ValueError(f"-np {np} but the hosts have {slots} slots; add hosts or slots")
+    cmd = [horovodrun or horovodrun_path(), "--mpi" if mpi else "--gloo", "-np", str(np)]
+    if hosts:
+        cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
+    elif hostfile:
+        cmd += ["--hostfile", hostfile]
+    elif not elastic:
+        cmd += ["-H", f"localhost:{np}"]
+    if host_discovery_script is not None:
+        cmd += ["--host-discovery-script", host_discovery_script]
+        cmd += [f for flag, v in (("--min-np", min_np), ("--max-np", max_np)) if v is not None
+                for f in (flag, str(v))]
+    if network_interface:
+        cmd += ["--network-interface", network_interface]
+    return [*cmd, *argv]
+
+
+def horovodrun_path() -> str:
+    """The `horovodrun` beside this Python, or on PATH."""
+    beside = Path(sys.executable).with_name("horovodrun")
+    found = str(beside) if beside.exists() else shutil.which("horovodrun")
+    if not found:
+        raise FileNotFoundError(
+            "horovodrun not found: build Horovod with launch/build_horovod.sh (see BUILD.md)."
+        )
+    return found
+
+
+def run_horovod(argv: list[str], num_ranks: int, timeout: float,
+                env: dict[str, str] | None = None, echo: bool = False) -> WorkerResult:
+    """Runs `argv` under `horovodrun --gloo -np N -H localhost:N` (one host, loopback)."""
+    if num_ranks < 1:
+        raise ValueError(f"`num_ranks` must be >= 1. Received: num_ranks={num_ranks}")
+    cmd = horovodrun_command(argv, num_ranks, network_interface="lo")
+    (result,) = run_processes([(cmd, dict(os.environ if env is None else env))], timeout,
+                              echo=echo)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tfdist.launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, help="number of local TF_CONFIG workers")
+    where.add_argument("--hosts", help="host[:slots],... (workers per host)")
+    where.add_argument("--hostfile", help="file of `host slots=N` lines")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="first worker port on each remote host (TF_CONFIG)")
+    p.add_argument("--ssh", default=DEFAULT_SSH, help="command that reaches a remote host")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds before all are killed")
+    hvd = p.add_argument_group("Horovod (horovodrun)")
+    hvd.add_argument("--horovod", action="store_true", help="launch with horovodrun")
+    hvd.add_argument("-np", "--np", type=int, help="number of Horovod ranks")
+    hvd.add_argument("--mpi", action="store_true", help="MPI instead of Gloo")
+    hvd.add_argument("--network-interface", help="NIC(s) for Horovod traffic, e.g. eth0")
+    hvd.add_argument("--min-np", type=int, help="elastic: fewest ranks to go on with")
+    hvd.add_argument("--max-np", type=int, help="elastic: most ranks to scale up to")
+    hvd.add_argument("--host-discovery-script", help="elastic: prints the available host:slots")
+    hvd.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker command")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the worker command after --")
+    try:
+        hosts = (parse_hosts(args.hosts) if args.hosts else
+                 read_hostfile(args.hostfile) if args.hostfile else None)
+        if args.horovod:
+            if args.workers is not None:
+                raise ValueError("--workers is for TF_CONFIG workers; with --horovod give -np")
+            if args.np is None:
+                raise ValueError("--horovod needs -np (the number of ranks)")
+            cmd = horovodrun_command(
+                command, args.np, hosts=hosts if args.hosts else None,
+                hostfile=args.hostfile, mpi=args.mpi, network_interface=args.network_interface,
+                min_np=args.min_np, max_np=args.max_np,
+                host_discovery_script=args.host_discovery_script,
+                horovodrun="horovodrun" if args.dry_run else None)
+            print(f"[launch] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            if args.dry_run:
+                return 0
+            commands = [(cmd, dict(os.environ))]
+        else:
+            if hosts is None and args.workers is None:
+                raise ValueError("say where: --workers N (this machine), --hosts or --hostfile")
+            if args.workers is not None and args.workers < 1:
+                raise ValueError(f"--workers must be >= 1. Received: {args.workers}")
+            commands = host_commands(command, hosts or [("127.0.0.1", args.workers)],
+                                     args.port, args.ssh)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    results = run_processes(commands, args.timeout, echo=True)
+    for r in results:
+        if r.returncode != 0:
+            state = "was stopped" if r.returncode is None else f"exited with {r.returncode}"
+            print(f"[launch] worker {r.rank} {state}", file=sys.stderr)
+    failed = [r.returncode for r in results if r.returncode not in (0, None)]
+    if failed:
+        return failed[0]
+    return 1 if any(r.returncode is None for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -49,7 +49,42 @@ def test_train_rejects_a_bad_config_before_training(tmp_path):
 
 def test_unknown_command_is_a_usage_error():
     out = _run(["fit"])
-    assert out.returncode != 0 and "Unknown command 'fit'" in out.stderr
+    assert out.returncode == 2 and "invalid choice: 'fit'" in out.stderr
+    assert "train" in out.stderr and "bench" in out.stderr  # what to type instead
+
+
+def _console_script() -> str:
+    import shutil
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("tfdist")
+    return str(script) if script.exists() else shutil.which("tfdist")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--help"], ["train", "bench", "info"]),
+    (["bench", "--help"], ["engines", "compression", "local_sgd", "memory", "pipeline", "comm"]),
+    (["train", "--help"], ["--config", "--set", "--verbose"]),
+])
+def test_help_answers_at_once_without_tensorflow(args, expected):
+    """`tfdist --help` comes from the parser alone: the installed command answers in a fraction of
+    the ~4 s TensorFlow's import takes, and TensorFlow is not imported."""
+    import time
+
+    probe = ("import runpy, sys; sys.argv = ['tfdist', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('tfdist.tools.cli', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('TENSORFLOW' if 'tensorflow' in sys.modules else 'NO-TENSORFLOW')")
+    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                         cwd=ROOT, env=worker_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("NO-TENSORFLOW")
+    assert all(word in out.stdout for word in expected)
+    start = time.perf_counter()
+    timed = subprocess.run([_console_script(), *args], capture_output=True, text=True,
+                           env=worker_env(), timeout=60)
+    assert timed.returncode == 0 and all(word in timed.stdout for word in expected)
+    assert time.perf_counter() - start < 3.0
 
 
 def test_info_lists_versions_and_engines():

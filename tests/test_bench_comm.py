@@ -112,6 +112,10 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     saved = json.loads((out / "comm.json").read_text())
     assert saved["failures"] == [] and len(saved["rows"]) == len(by)
     assert "| 2 | 1gbit | PowerSGD |" in (out / "comm.md").read_text()
+    assert by["powersgd"]["collectives_per_step"] == 3.0  # P's, Q's, the dense rest
+    assert by["dense_keras"]["collectives_per_step"] == 1.0
+    picks = (out / "decisions.md").read_text()
+    assert f"| 2 | 1gbit | {params:,} |" in picks  # one decision for the one setting
     for png in ("comm_accuracy_2hosts.png", "comm_bytes.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not _ours()

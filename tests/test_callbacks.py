@@ -63,7 +63,46 @@ def test_communication_stats_logs_bytes_per_step_and_tensorboard(mirrored, tmp_p
     assert hist.history["communication_rounds"] == [2.0, 4.0]
     assert hist.history["bytes_vs_dense"] == [1.0, 1.0]  # dense exchange
     assert all(t > 0 for t in hist.history["step_seconds"])
-    assert list((tmp_path / "comm").iterdir()), "no TensorBoard event file written"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "comm"))
+    events.Reload()  # standard scalars, which TensorBoard and EventAccumulator.Scalars read
+    assert [e.value for e in events.Scalars("bytes_per_step")] == [per_round / 2] * 2
+    assert [e.value for e in events.Scalars("communication_rounds")] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_bytes_vs_dense_is_per_step_for_local_sgd_too(mirrored):
+    """Local SGD with period 2: one model-averaging round (a dense all-reduce's bytes) every 2
+    steps, so half the bytes of dense training: bytes_vs_dense 0.5, in the logs and the summary's
+    meaning."""
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(
+            keras.optimizers.SGD(0.01), local_sgd=tfdist.averaging.PeriodicSchedule(2)),
+            loss="sparse_categorical_crossentropy")
+    hist = model.fit(common.distribute(strategy, x, y, 32), epochs=1, steps_per_epoch=4,
+                     verbose=0, callbacks=[CommunicationStats()])
+    assert hist.history["bytes_vs_dense"] == [0.5]
+    assert hist.history["collectives_per_step"] == [0.5]
+
+
+def test_scalar_log_writes_the_epoch_logs_and_learning_rate(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = common.make_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    x, y = common.load_digits()
+    hist = model.fit(x[:128], y[:128], batch_size=32, epochs=3, verbose=0,
+                     callbacks=[tfdist.callbacks.ScalarLog(str(tmp_path))])
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert {"loss", "accuracy", "learning_rate"} <= set(events.Tags()["scalars"])
+    np.testing.assert_allclose([e.value for e in events.Scalars("loss")], hist.history["loss"],
+                               rtol=1e-6)
+    assert [e.step for e in events.Scalars("learning_rate")] == [1, 2, 3]
 
 
 def test_communication_stats_reports_the_compression_ratio(mirrored):

@@ -17,24 +17,57 @@ def _run(args, timeout=300):
                           env=worker_env(), timeout=timeout)
 
 
-def test_train_default_config_prints_accuracy_and_bytes(tmp_path):
-    out = _run(["train", "--config", "configs/default.yaml", "--set", "train.epochs=3",
-                "--set", f"train.output_dir={tmp_path}", "--set", "train.verbose=2"])
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["test_accuracy"] > 0.8
-    assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2: 2(N-1)/N=1
-    assert summary["communication_rounds"] == summary["steps"]
-    assert list((tmp_path / "tensorboard" / "comm").iterdir())
+def _scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_train_default_config_keeps_each_run_quietly(tmp_path):
+    """The main job: accuracy and bytes printed; each run in a new directory with its config,
+    summary, a model that loads after `import tfdist`, and TensorBoard scalars (loss, accuracy,
+    learning rate, bytes); at most 10 lines on stderr. A name holding a finished run is refused."""
+    import keras
+
+    import tfdist
+
+    args = ["train", "--config", "configs/default.yaml", "--set", "train.epochs=2",
+            "--set", f"train.output_dir={tmp_path}"]
+    first, second = _run(args), _run(args)
+    for out in (first, second):
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
+        assert "collectives/step  1.00" in out.stdout
+        assert len(out.stderr.strip().splitlines()) <= 10, out.stderr
+    runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(runs) == 2 and all(str(r) in out.stdout for r, out in zip(runs, (first, second)))
+    for run in runs:
+        assert {p.name for p in run.iterdir()} >= {"config.yaml", "summary.json", "model.keras",
+                                                   "tensorboard"}
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["test_accuracy"] > 0.8
+        assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2
+        assert summary["communication_rounds"] == summary["steps"]
+        scalars = _scalars(run)
+        assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
+        assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [
+            pytest.approx(0.002)] * 2
+        assert scalars["bytes_per_step"] == [summary["bytes_sent_per_step"]] * 2
+    model = keras.saving.load_model(runs[0] / "model.keras")
+    assert isinstance(model.optimizer, tfdist.DistributedOptimizer)
+    refused = _run([*args, "--set", f"train.run_name={runs[0].name}"])
+    assert refused.returncode == 2 and "holds a finished run" in refused.stderr
 
 
 def test_train_zero_config_keeps_the_optimizer_state_on_the_host(tmp_path):
     out = _run(["train", "--config", "configs/zero.yaml", "--set", "train.epochs=2",
-                "--set", f"train.output_dir={tmp_path}", "--set", "train.verbose=0"])
+                "--set", f"train.output_dir={tmp_path}", "--set", "train.run_name=run",
+                "--set", "train.verbose=0"])
     assert out.returncode == 0, out.stderr[-4000:]
     assert "ZeRO stage 2, offload cpu" in out.stdout
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     p = summary["trainable_parameters"]
     assert summary["optimizer_state_bytes"] == {"host": 2 * 2 * 4 * (-(-p // 2))}  # m, v; 2 shards
     assert summary["test_accuracy"] > 0.8
@@ -95,15 +128,49 @@ def test_info_lists_versions_and_engines():
     assert info["engines"]["horovod"] == horovod_available()
 
 
+USER_MODULE = """
+import keras
+import numpy as np
+
+
+def build(input_shape, num_classes, width=32):
+    inputs = keras.Input(input_shape)
+    h = keras.layers.Dense(width, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(h))
+
+
+def blobs(n=1024, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype("int32")
+    x = (rng.normal(size=(n, 6)) + 3.0 * np.eye(3, 6)[y]).astype("float32")
+    return (x[: n - 256], y[: n - 256]), (x[n - 256:], y[n - 256:])
+"""
+
+
 @pytest.mark.multiprocess
-def test_train_on_two_tf_config_workers(tmp_path):
+def test_your_own_model_and_data_train_on_two_tf_config_workers(tmp_path):
+    """model.name / data.name as module.path:function, through the launcher on 2 workers."""
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    env = {**worker_env(), "PYTHONPATH": f"{ROOT}:{tmp_path}"}
     results = run_tf_workers(
-        [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set", "train.epochs=2",
-         "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
-         "--set", "train.verbose=0"], 2, 300, env=worker_env())
+        [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set", "train.epochs=3",
+         "--set", "model.name=mine:build", "--set", "model.options={width: 16}",
+         "--set", "data.name=mine:blobs", "--set", f"train.output_dir={tmp_path / 'runs'}",
+         "--set", "train.run_name=run", "--set", "optimizer.learning_rate=0.01"],
+        2, 300, env=env)
     assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["test_accuracy"] > 0.7
+    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] > 0.9
+    assert summary["trainable_parameters"] == 6 * 16 + 16 + 16 * 3 + 3  # width=16, 3 classes
+    assert "Epoch 3/3" in results[0].output  # a line per epoch under the launcher
+
+
+def test_a_missing_user_function_is_named(tmp_path):
+    out = _run(["train", "--set", "model.name=nowhere.models:build",
+                "--set", f"train.output_dir={tmp_path}"])
+    assert out.returncode == 2 and "cannot import module 'nowhere.models'" in out.stderr
+    out = _run(["train", "--set", "model.name=resnet"])
+    assert out.returncode == 2 and "or your own function as 'module.path:function'" in out.stderr
 
 
 @pytest.mark.multiprocess
@@ -113,9 +180,9 @@ def test_train_on_two_horovod_ranks(tmp_path):
     result = run_horovod(
         [*TFDIST, "train", "--set", "engine.name=horovod", "--set", "train.epochs=2",
          "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
-         "--set", "train.verbose=0"], 2, 300, env=worker_env())
+         "--set", "train.run_name=run", "--set", "train.verbose=0"], 2, 300, env=worker_env())
     assert result.returncode == 0, result.output[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["engine"] == "horovod" and summary["test_accuracy"] > 0.7
 
 
@@ -134,6 +201,7 @@ def test_bench_engines_writes_table_and_json(tmp_path):
         assert row["bytes_per_step"] == pytest.approx(4 * params)  # 2 workers: 2(N-1)/N = 1
     table = (tmp_path / "engines.md").read_text()
     assert table.count("\n| ") == len(engines) + 1 and "ratio vs baseline" in table
+    assert (tmp_path / "engines.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bench_pipeline_quick_writes_measured_table(tmp_path):
@@ -151,3 +219,21 @@ def test_bench_pipeline_quick_writes_measured_table(tmp_path):
         assert all(a < b for a, b in zip(r["activation_bytes_remat"],
                                           r["activation_bytes_no_remat"]))
     assert "| gpipe | 4 | 4 |" in (tmp_path / "pipeline.md").read_text()
+    assert (tmp_path / "pipeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_suite_draws_its_rows(tmp_path):
+    """The compression, local SGD and memory suites' plots, from rows shaped as those suites
+    write them (the suites themselves take minutes; their tables are in the README)."""
+    from tfdist.tools.bench import plots
+
+    compression = [{"compressor": name, "ratio_vs_dense": ratio, "test_accuracy": acc}
+                   for name, ratio, acc in (("dense", 1.0, 0.99), ("EF-topk", 0.03, 0.98))]
+    local_sgd = [{"devices": 2, "run": run, "rounds": rounds, "test_accuracy": acc}
+                 for run, rounds, acc in (("sync", 330, 0.98), ("H=8", 60, 0.98))]
+    memory = [{"replicas": n, "baseline": 16e6, "zero1": 9e6 / n, "zero2": 10e6 / n,
+               "formula_zero2": 10e6 / n} for n in (1, 2, 4)]
+    for name, rows in (("compression", compression), ("local_sgd", local_sgd),
+                       ("memory", memory)):
+        path = getattr(plots, name)(rows, tmp_path / f"{name}.png")
+        assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 10_000

@@ -14,6 +14,11 @@ def test_shipped_configs_are_valid(path):
                            "train"}
 
 
+def test_the_built_in_defaults_are_the_main_job():
+    """`tfdist train` without configs/ (an installed package) trains configs/default.yaml's job."""
+    assert validate({}) == load_config(Path(__file__).parents[1] / "configs" / "default.yaml")
+
+
 def test_defaults_fill_missing_keys():
     config = validate({"train": {"epochs": 3}})
     assert config["train"]["epochs"] == 3

@@ -218,6 +218,29 @@ def test_adaptive_rules(mirrored):
     assert grow.periods == [1, 2, 4, 8]  # the loss kept falling: H doubled, up to max_period
 
 
+def test_adacomm_keeps_hierarchical_periods_a_multiple_of_the_intra_period(mirrored):
+    """AdaComm's ceil(sqrt(loss/loss0) H0) may be odd; with hierarchical averaging every 2
+    steps within a host the global period must stay a multiple of 2 (set_period refuses
+    others), so the callback rounds to the nearest multiple."""
+    from tfdist.averaging import HierarchicalSchedule
+    from tfdist.callbacks import AveragingPeriodSchedule, adacomm_period
+
+    x, y = common.load_digits()
+    strategy = mirrored(4)
+    with strategy.scope():
+        model = common.make_model(hidden=(32,))
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.3), local_sgd=HierarchicalSchedule(
+            2, 10, host_size=2))
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    cb = AveragingPeriodSchedule(rule="adacomm")
+    hist = model.fit(common.distribute(strategy, x, y, BATCH), epochs=4, steps_per_epoch=12,
+                     verbose=0, callbacks=[cb])
+    losses = hist.history["loss"]
+    raw = [adacomm_period(10, losses[0], loss) for loss in losses]
+    assert cb.periods == [max(2, round(h / 2) * 2) for h in raw]
+    assert all(h % 2 == 0 for h in cb.periods) and cb.periods[-1] < 10
+
+
 def test_averaging_period_schedule_bad_arguments():
     from tfdist.callbacks import AveragingPeriodSchedule
 

@@ -34,6 +34,7 @@ __all__ = [
     "comm",
     "compression",
     "data",
+    "devices",
     "optimizers",
     "pipeline",
     "tensor_parallel",
@@ -41,8 +42,8 @@ __all__ = [
 ]
 
 
-_SUBMODULES = ("averaging", "callbacks", "comm", "compression", "data", "optimizers", "pipeline",
-               "tensor_parallel", "zero")
+_SUBMODULES = ("averaging", "callbacks", "comm", "compression", "data", "devices", "optimizers",
+               "pipeline", "tensor_parallel", "zero")
 _NAMES = {"DistributedOptimizer": "optimizers", "GradientExchange": "optimizers",
           "ZeroOptimizer": "zero", "CompressedStrategy": "strategies",
           "LocalSGDStrategy": "strategies", "MultiWorkerCompressedStrategy": "strategies",

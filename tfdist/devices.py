@@ -4,10 +4,38 @@ variables."""
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import create_slots_on_variable_devices
+
+
+def local_devices(count: int) -> list[str]:
+    """`count` devices of this process: the first GPUs, else `count` logical CPU devices (the
+    CPU split, so several replicas or stages run on a machine without GPUs).
+
+    Call it before TensorFlow starts its runtime (before the first op); afterwards it returns
+    the CPU devices that exist, or raises if there are fewer than `count`.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if len(gpus) < count:
+            raise ValueError(f"{count} devices asked for, but only {len(gpus)} GPUs are visible.")
+        return [f"/gpu:{i}" for i in range(count)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    # RuntimeError: the runtime is already initialised (e.g. in tests): use what exists.
+    with contextlib.suppress(RuntimeError):
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(names) < count:
+        raise ValueError(
+            f"{count} devices asked for, but TensorFlow was already initialised with "
+            f"{len(names)} CPU devices: call local_devices before TensorFlow runs anything "
+            "(for tfdist train: run it in a fresh process).")
+    return names[:count]
 
 
 def default_devices(count: int) -> list[str]:

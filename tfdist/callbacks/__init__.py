@@ -5,6 +5,7 @@ from tfdist.callbacks.averaging_period import AveragingPeriodSchedule, adacomm_p
 from tfdist.callbacks.checkpoint import ModelCheckpoint
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
+from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
 
 __all__ = [
     "Accordion",
@@ -12,6 +13,8 @@ __all__ = [
     "CommunicationStats",
     "LearningRateWarmup",
     "ModelCheckpoint",
+    "ScalarLog",
+    "ScalarWriter",
     "StepTimer",
     "adacomm_period",
     "critical_regimes",

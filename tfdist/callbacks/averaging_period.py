@@ -73,6 +73,10 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
 
     def _set(self, period: int) -> None:
         period = int(min(max(period, self.min_period), self.max_period)) if self.rule else period
+        levels = self._local_sgd.levels
+        if self.rule and levels is not None:  # hierarchical: a multiple of the intra-host period
+            intra = levels.intra_period
+            period = max(intra, round(period / intra) * intra)
         shared = self._engine.run(
             lambda comm: comm.broadcast([tf.constant([float(period)])], root=0))
         period = int(round(float(tf.reshape(shared[0], [-1])[0])))

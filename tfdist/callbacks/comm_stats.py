@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import keras
-import tensorflow as tf
 
+from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers import chain_of
 
 
@@ -29,8 +29,10 @@ class StepTimer(keras.callbacks.Callback):
 class CommunicationStats(keras.callbacks.Callback):
     """Adds `bytes_per_step` (bytes this worker sent per training batch, this epoch),
     `collectives_per_step` (collective calls per training batch: per gradient exchange for
-    synchronous algorithms), `communication_rounds`, `bytes_vs_dense` (bytes sent / what dense
-    float32 all-reduces of the same exchanges would send) and `step_seconds` (the epoch's wall
+    synchronous algorithms), `communication_rounds`, `bytes_vs_dense` (bytes sent / what a dense
+    float32 all-reduce at every optimizer step would send for the same batches: 1 for dense
+    training, the saving of compression or local SGD otherwise; the same meaning as
+    `bytes_ratio_vs_dense` in `tfdist train`'s summary) and `step_seconds` (the epoch's wall
     time per batch) to the epoch logs, and writes them to TensorBoard.
 
     Args:
@@ -56,7 +58,7 @@ class CommunicationStats(keras.callbacks.Callback):
                 "tfdist.horovod.DistributedOptimizer, or one built under a tfdist strategy such "
                 f"as CompressedStrategy). Received: {type(self.model.optimizer).__name__}")
         if self.log_dir:
-            self._writer = tf.summary.create_file_writer(f"{self.log_dir}/comm")
+            self._writer = ScalarWriter(f"{self.log_dir}/comm")
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_bytes = self._optimizer.bytes_sent
@@ -69,18 +71,21 @@ class CommunicationStats(keras.callbacks.Callback):
         self._step += 1
         self._epoch_batches += 1
         if self._writer is not None and self._step % self.update_freq == 0:
-            with self._writer.as_default(step=self._step):
-                tf.summary.scalar("bytes_sent", self._optimizer.bytes_sent)
-                tf.summary.scalar("communication_rounds", self._optimizer.communication_rounds)
+            self._writer.write({"bytes_sent": self._optimizer.bytes_sent,
+                                "communication_rounds": self._optimizer.communication_rounds},
+                               self._step)
 
     def on_epoch_end(self, epoch, logs=None):
         sent = self._optimizer.bytes_sent - self._epoch_start_bytes
         per_step = sent / max(self._epoch_batches, 1)
         calls = (self._optimizer.collective_calls - self._epoch_start_calls) / max(
             self._epoch_batches, 1)
-        rounds = self._optimizer.communication_rounds - self._epoch_start_rounds
         dense = self._optimizer.dense_bytes_per_exchange()
-        ratio = sent / (rounds * dense) if rounds and dense else None
+        accumulation = self._optimizer.accumulation
+        micro_steps = 1 if accumulation is None else accumulation.current_steps
+        # What dense all-reduces would send for the same batches: one per optimizer step.
+        ratio = (sent / (dense * self._epoch_batches / micro_steps)
+                 if dense and self._epoch_batches else None)
         step_seconds = (time.perf_counter() - self._epoch_start_time) / max(self._epoch_batches, 1)
         if logs is not None:
             logs["step_seconds"] = step_seconds
@@ -90,13 +95,10 @@ class CommunicationStats(keras.callbacks.Callback):
             if ratio is not None:
                 logs["bytes_vs_dense"] = ratio
         if self._writer is not None:
-            with self._writer.as_default(step=self._step):
-                tf.summary.scalar("bytes_per_step", per_step)
-                tf.summary.scalar("collectives_per_step", calls)
-                tf.summary.scalar("step_seconds", step_seconds)
-                if ratio is not None:
-                    tf.summary.scalar("bytes_vs_dense", ratio)
-            self._writer.flush()
+            self._writer.write({"bytes_per_step": per_step, "collectives_per_step": calls,
+                                "step_seconds": step_seconds,
+                                **({} if ratio is None else {"bytes_vs_dense": ratio})},
+                               self._step)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

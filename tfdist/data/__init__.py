@@ -2,6 +2,7 @@
 
 from tfdist.data.datasets import (
     distribute,
+    distribute_batches,
     global_batches,
     load_digits,
     shard_batches,
@@ -10,6 +11,7 @@ from tfdist.data.datasets import (
 
 __all__ = [
     "distribute",
+    "distribute_batches",
     "global_batches",
     "load_digits",
     "shard_batches",

@@ -95,20 +95,31 @@ def distribute(strategy: tf.distribute.Strategy, x, y, global_batch_size: int, s
     Works for MirroredStrategy (one input pipeline feeding several replicas) and multi-worker
     strategies (one pipeline per worker). Pass the result to `fit` with `steps_per_epoch`.
     """
+    return distribute_batches(strategy, lambda: global_batches(
+        x, y, global_batch_size, seed=seed, shuffle=shuffle, repeat=repeat))
+
+
+def distribute_batches(strategy: tf.distribute.Strategy, make_batches):
+    """`distribute` for any dataset of global batches: `make_batches()` returns it (called once
+    per input pipeline, so every worker builds the same sequence), and replica r of R gets slice
+    r of each batch.
+
+    Raises:
+        ValueError: if the global batch size does not divide by the number of replicas.
+    """
     replicas = strategy.num_replicas_in_sync
-    if global_batch_size % replicas:
+    batch = make_batches().element_spec[0].shape[0]
+    if batch is None or batch % replicas:
         raise ValueError(
-            f"`global_batch_size` ({global_batch_size}) must divide by the number of replicas "
-            f"({replicas}): use a multiple of {replicas}."
-        )
+            f"The global batch size ({batch}) must divide by the number of replicas "
+            f"({replicas}): use a multiple of {replicas} (and drop_remainder=True).")
+    per_replica = batch // replicas
 
     def dataset_fn(ctx: tf.distribute.InputContext):
         local = replicas // ctx.num_input_pipelines
         first = ctx.input_pipeline_id * local
-        per_replica = global_batch_size // replicas
-        ds = global_batches(x, y, global_batch_size, seed=seed, shuffle=shuffle, repeat=repeat)
         # Each element: this pipeline's `local` replica batches, emitted in replica order.
-        ds = ds.map(lambda *t: tuple(
+        ds = make_batches().map(lambda *t: tuple(
             tf.reshape(u, [replicas, per_replica, *u.shape[1:]])[first:first + local] for u in t
         ))
         return ds.unbatch()

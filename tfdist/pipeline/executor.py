@@ -191,8 +191,13 @@ class ScheduleRun:
         return dxs, self._summed_var_grads()
 
     def train(self, xs, ys, sample_weights, loss_fn):
+        """The schedule with the loss on the last stage: each micro-batch's mean loss weighted
+        by its share of the batch (1/M when they are equal), so the total is the batch's mean."""
         self.xs = xs
         k, m = self.pipe.num_stages, len(xs)
+        sizes = [y.shape[0] for y in ys]
+        equal = None not in sizes and len(set(sizes)) == 1
+        batch = tf.add_n([tf.shape(y)[0] for y in ys])
         losses, preds = [], {}
         for tick in self.pipe.table:
             for task in tick:
@@ -207,7 +212,13 @@ class ScheduleRun:
                 preds[i] = y
                 with self._task(j, f"L{i}"), tf.GradientTape() as tape:
                     tape.watch(y)
-                    loss = loss_fn(ys[i], y, sample_weights[i]) / m
+                    loss = loss_fn(ys[i], y, sample_weights[i])
+                    if equal:
+                        loss = loss / m
+                    else:  # an empty micro-batch (a batch smaller than M) adds nothing
+                        n = tf.shape(ys[i])[0]
+                        share = tf.cast(n, loss.dtype) / tf.cast(batch, loss.dtype)
+                        loss = tf.where(n > 0, loss * share, tf.zeros_like(loss))
                 self.grads[(i, j)] = tape.gradient(loss, y)
                 losses.append(loss)
         with tf.device(self.pipe.devices[-1]):

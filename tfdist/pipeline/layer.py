@@ -142,18 +142,17 @@ class Pipeline(keras.layers.Layer):
 
     # -- running ------------------------------------------------------------------------------
     def _split(self, x) -> list[tf.Tensor]:
+        """M micro-batches: equal when M divides the batch; otherwise (a final partial batch of
+        `fit`) as even as possible, the first ones one example larger, as torchgpipe chunks."""
         m = self.num_microbatches
+        if m == 1:
+            return [x]
         batch = x.shape[0]
-        if batch is not None and batch % m:
-            raise ValueError(f"Batch size {batch} is not divisible by num_microbatches={m}: use a "
-                             f"batch size that is a multiple of {m} (with drop_remainder=True in "
-                             "tf.data) or another num_microbatches.")
-        if batch is None:
-            tf.debugging.assert_equal(
-                tf.shape(x)[0] % m, 0,
-                message=f"Pipeline: the batch size is not divisible by num_microbatches={m}; "
-                        f"use batches that are a multiple of {m} (drop_remainder=True).")
-        return tf.split(x, m, axis=0) if m > 1 else [x]
+        if batch is not None and batch % m == 0:
+            return tf.split(x, m, axis=0)
+        n = tf.shape(x)[0]
+        sizes = tf.fill([m], n // m) + tf.cast(tf.range(m) < n % m, tf.int32)
+        return tf.split(x, sizes, num=m, axis=0)
 
     def _check_context(self) -> None:
         replicas = tf.distribute.get_replica_context()  # None: cross-replica, nothing runs
@@ -183,7 +182,7 @@ class Pipeline(keras.layers.Layer):
 
             def grad(dy, variables=None):
                 with tf.device(self.devices[-1]):
-                    dys = tf.split(dy, self.num_microbatches, axis=0)
+                    dys = self._split(dy)
                 dxs, dvars = run.backward_all(dys, needs_dx=inputs.dtype.is_floating)
                 dx = None
                 if dxs:
@@ -208,12 +207,9 @@ class Pipeline(keras.layers.Layer):
         self._check_context()
         if not self.built:
             self.build(tuple(x.shape))
-        xs = self._split(x)
-        ys = tf.split(y, self.num_microbatches, axis=0) if self.num_microbatches > 1 else [y]
-        sws = [None] * self.num_microbatches
-        if sample_weight is not None:
-            sws = (tf.split(sample_weight, self.num_microbatches, axis=0)
-                   if self.num_microbatches > 1 else [sample_weight])
+        xs, ys = self._split(x), self._split(y)
+        sws = [None] * self.num_microbatches if sample_weight is None else \
+            self._split(sample_weight)
         run = ScheduleRun(self, training=True, keep=True)
         loss, preds, dvars = run.train(xs, ys, sws, loss_fn)
         self.stats = run.stats()

@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", parents=[verbose], help=COMMANDS["train"],
                            description=COMMANDS["train"] + ".")
-    train.add_argument("--config", default="configs/default.yaml", metavar="PATH",
-                       help="a YAML config (default: %(default)s)")
+    train.add_argument("--config", default=None, metavar="PATH",
+                       help="a YAML config (default: configs/default.yaml where it exists, "
+                            "else the built-in defaults: the same job)")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value (repeatable), e.g. --set train.epochs=3")
 
@@ -122,14 +123,21 @@ def quiet(verbose: bool) -> None:
 def cmd_train(args) -> int:
     from tfdist.tools.config import ConfigError, load_config
 
+    path = args.config
+    if path is None and os.path.isfile(os.path.join("configs", "default.yaml")):
+        path = os.path.join("configs", "default.yaml")
     try:
-        config = load_config(args.config, args.set)
+        config = load_config(path, args.set)
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
     from tfdist.tools.runner import train
 
-    summary = train(config)
+    try:
+        summary = train(config)
+    except ConfigError as e:
+        print(f"tfdist train: {e}", file=sys.stderr)
+        return 2
     if "summary_path" in summary:
         _print_summary(summary)
     return 0
@@ -165,7 +173,8 @@ def _print_summary(s: dict) -> None:
         print(f"vs dense          {s['bytes_ratio_vs_dense']:.4f} of the "
               f"{s['dense_bytes_per_step']:,.0f} bytes/step a dense all-reduce sends")
     print(f"time              {s['train_seconds']:.1f} s")
-    print(f"summary           {s['summary_path']}")
+    print(f"run directory     {s['run_dir']} (summary.json" + (", model.keras" if s["model_path"]
+                                                               else "") + ", tensorboard/)")
 
 
 def cmd_info(args) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,21 +59,34 @@ ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod"
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
+_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _builtin_or_function(builtins: tuple[str, ...], default: str) -> Field:
+    return Field(default, (str,), f"one of {list(builtins)}, or your own function as "
+                 "'module.path:function'", lambda v: v in builtins or bool(_FUNCTION.match(v)))
+
+
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
-        "name": _choice(tuple(sorted(MODELS)), "cnn"),
+        "name": _builtin_or_function(tuple(sorted(MODELS)), "cnn"),
         "hidden": Field([64], (list,), "a list of positive integers (Dense widths)",
                         _positive_ints),
+        "options": Field({}, (dict,), "a mapping of keyword arguments for your own model "
+                         "function"),
     },
     "data": {
-        "name": _choice(("digits", "synthetic"), "digits"),
+        "name": _builtin_or_function(("digits", "synthetic"), "digits"),
+        "options": Field({}, (dict,), "a mapping of keyword arguments for your own data "
+                         "function"),
         "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64),
         "test_fraction": _float("a number in (0, 1)", lambda v: 0 < v < 1, 0.2),
         "seed": _int("an integer", lambda v: True, 0),
         "num_examples": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 4096),
         "input_shape": Field([32], (list,), "a list of positive integers (synthetic data only)",
                              _positive_ints),
-        "num_classes": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 10),
+        "num_classes": _int("an integer >= 2 (synthetic data, and your own tf.data datasets)",
+                            lambda v: v >= 2, 10),
     },
     "engine": {
         "name": _choice(ENGINES, "mirrored"),
@@ -82,7 +96,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),
-        "learning_rate": _float("a number > 0", lambda v: v > 0, 1e-3),
+        "learning_rate": _float("a number > 0", lambda v: v > 0, 0.002),
         "momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
         "weight_decay": _float("a number >= 0", lambda v: v >= 0, 0.0),
         "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1),
@@ -121,13 +135,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "average_optimizer_state": Field(False, (bool,), "true or false"),
     },
     "train": {
-        "epochs": _int("an integer >= 1", lambda v: v >= 1, 10),
+        "epochs": _int("an integer >= 1", lambda v: v >= 1, 15),
         "steps_per_epoch": _int("an integer >= 1, or null (one pass over the data)",
                                 lambda v: v >= 1, None, nullable=True),
         "seed": _int("an integer", lambda v: True, 0),
         "precision": _choice(PRECISIONS, "float32"),
-        "output_dir": Field("runs/default", (str,), "a directory path"),
-        "verbose": _int("0, 1 or 2", lambda v: v in (0, 1, 2), 1),
+        "output_dir": Field("runs/default", (str,), "a directory path (runs go in directories "
+                            "inside it)"),
+        "run_name": Field(None, (str,), "a directory name (no '/'), or null for the run's start "
+                          "time", lambda v: bool(v) and "/" not in v and v not in (".", ".."),
+                          nullable=True),
+        "save_model": Field(True, (bool,), "true or false (model.keras in the run directory)"),
+        "loss": Field("sparse_categorical_crossentropy", (str,), "a Keras loss name"),
+        "verbose": _int("0, 1 or 2, or null (a progress bar on a terminal, a line per epoch "
+                        "otherwise)", lambda v: v in (0, 1, 2), None, nullable=True),
         "evaluate_each_epoch": Field(False, (bool,), "true or false (test accuracy after every "
                                      "epoch, logged with the training time so far)"),
     },

@@ -1,11 +1,26 @@
-"""Runs one training job from a validated config (what `tfdist train` does)."""
+"""Runs one training job from a validated config (what `tfdist train` does).
+
+Each run gets a directory of its own under `train.output_dir` (named by `train.run_name`, by
+default the run's start time), which the chief fills: `config.yaml` (the resolved config),
+`summary.json`, `model.keras` (the trained model, loadable after `import tfdist`) and
+`tensorboard/` (loss, accuracy, learning rate and the communication figures, as standard
+scalars). A directory that holds a finished run is never written again.
+
+The model and the data are built in (`model.name`: mlp, cnn; `data.name`: digits, synthetic)
+or your own: `module.path:function` (see `user_function`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import json
 import os
 import platform
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,67 +29,57 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+import yaml
 
 import tfdist
 from tfdist import compression
-from tfdist.callbacks import CommunicationStats, LearningRateWarmup, StepTimer
-from tfdist.comm import ring_bytes
+from tfdist.callbacks import CommunicationStats, LearningRateWarmup, ScalarLog, StepTimer
+from tfdist.comm import DistributeEngine, Engine, LocalEngine, ring_bytes
 from tfdist.data import (
-    distribute,
+    distribute_batches,
     global_batches,
     load_digits,
     shard_batches,
     synthetic_classification,
 )
+from tfdist.devices import local_devices
 from tfdist.optimizers import DistributedOptimizer, chain_of
-from tfdist.tools.config import make_parts
-from tfdist.tools.models import build_model
+from tfdist.tools.config import ConfigError, make_parts
+from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
 
-
-def configure_devices(count: int) -> list[str]:
-    """Makes `count` devices available: the first GPUs, else `count` logical CPU devices.
-
-    Must run before TensorFlow initialises its runtime (before the first op).
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        if len(gpus) < count:
-            raise ValueError(f"engine.devices is {count} but only {len(gpus)} GPUs are visible.")
-        return [f"/gpu:{i}" for i in range(count)]
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    # RuntimeError: the runtime is already initialised (e.g. in tests): use what exists.
-    with contextlib.suppress(RuntimeError):
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    names = [d.name for d in tf.config.list_logical_devices("CPU")]
-    if len(names) < count:
-        raise ValueError(
-            f"engine.devices is {count} but TensorFlow was already initialised with "
-            f"{len(names)} CPU devices; run tfdist train in a fresh process.")
-    return names[:count]
+SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
 
 
 @dataclass
-class Engine:
-    name: str
+class Job:
+    """The config's engine, as this process runs it."""
+
+    name: str  # the config's engine.name
     strategy: tf.distribute.Strategy | None
-    world_size: int
-    rank: int
+    engine: Engine
+
+    @property
+    def world_size(self) -> int:
+        return self.engine.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.engine.process_index
 
     @property
     def is_chief(self) -> bool:
-        return self.rank == 0
+        return self.engine.is_chief
 
 
-def make_engine(config: dict[str, Any]) -> Engine:
+def make_job(config: dict[str, Any]) -> Job:
     name = config["engine"]["name"]
     if name == "horovod":
         import tfdist.horovod as thvd
 
         hierarchical = config["averaging"]["intra_period"] is not None
         thvd.init(process_sets="dynamic" if hierarchical else None)
-        return Engine(name, None, thvd.size(), thvd.rank())
+        return Job(name, None, tfdist.comm.resolve())
     if name in ("multi_worker", "keras_multi_worker"):
         if "TF_CONFIG" not in os.environ:
             raise ValueError(
@@ -82,15 +87,170 @@ def make_engine(config: dict[str, Any]) -> Engine:
                 "`python -m tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
         strategy = tfdist.MultiWorkerMirroredStrategy(
             timeout_seconds=config["engine"]["timeout_seconds"])
-        return Engine(name, strategy, strategy.num_replicas_in_sync,
-                      int(strategy.cluster_resolver.task_id or 0))
+        return Job(name, strategy, DistributeEngine(strategy))
     if name == "mirrored":
-        devices = configure_devices(config["engine"]["devices"])
+        devices = local_devices(config["engine"]["devices"])
         strategy = tfdist.strategies.new_mirrored_strategy(devices)
-        return Engine(name, strategy, strategy.num_replicas_in_sync, 0)
-    return Engine(name, None, 1, 0)
+        return Job(name, strategy, DistributeEngine(strategy))
+    return Job(name, None, LocalEngine())
 
 
+# -- the run directory -----------------------------------------------------------------------------
+def run_directory(config: dict[str, Any]) -> Path:
+    """Where the run's files go: `train.output_dir` / `train.run_name` (default: the start time,
+    with a suffix if taken). A name that holds a finished run is refused."""
+    parent = Path(config["train"]["output_dir"])
+    name = config["train"]["run_name"]
+    if name is not None:
+        path = parent / name
+        if (path / SUMMARY).exists():
+            raise ConfigError(f"train.run_name: {path} holds a finished run ({SUMMARY}); choose "
+                              "another name, remove it, or leave train.run_name null for a new "
+                              "directory per run.")
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = parent / stamp, 1
+    while path.exists():
+        n += 1
+        path = parent / f"{stamp}-{n}"
+    return path
+
+
+class RunFiles:
+    """The chief writes the run directory; other processes write what the chief's save needs
+    of them (a ZeRO model gathers every process's shards) to a scratch directory."""
+
+    def __init__(self, path: Path, chief: bool):
+        self.path = path
+        self.chief = chief
+        self._scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfdist-run-"))
+
+    @property
+    def root(self) -> Path:
+        return self.path if self._scratch is None else self._scratch
+
+    def start(self, config: dict[str, Any]) -> None:
+        if self.chief:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def save_model(self, model: keras.Model) -> Path:
+        """Every process saves (a multi-process save may gather); the chief's file is kept."""
+        target = self.root / MODEL
+        model.save(target)
+        return target
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self.chief:
+            (self.path / SUMMARY).write_text(json.dumps(summary, indent=2))
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+# -- models and data -------------------------------------------------------------------------------
+def user_function(spec: str, key: str):
+    """The function `module.path:function` names (a config's model.name or data.name)."""
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{key}: cannot import module {module_name!r} ({e}); run from the "
+                          "directory that holds it, or add that directory to PYTHONPATH.") from e
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"{key}: {module_name!r} has no function {function_name!r}.")
+    return function
+
+
+def _call(function, options: dict[str, Any], available: dict[str, Any]):
+    """`function(**options)`, plus those of `available` that its signature names."""
+    parameters = inspect.signature(function).parameters
+    extra = {k: v for k, v in available.items() if k in parameters and k not in options}
+    return function(**options, **extra)
+
+
+@dataclass
+class Data:
+    """Training and test data: arrays, or tf.data datasets of (x, y) examples."""
+
+    train: Any
+    test: Any
+    input_shape: tuple
+    num_classes: int | None
+
+    @property
+    def arrays(self) -> bool:
+        return not isinstance(self.train, tf.data.Dataset)
+
+    @property
+    def train_size(self) -> int | None:
+        if self.arrays:
+            return len(self.train[1])
+        n = int(self.train.cardinality())
+        return n if n >= 0 else None
+
+    def global_batches(self, batch_size: int, seed: int) -> tf.data.Dataset:
+        """The sequence of global batches every worker draws alike (same seed), repeated; a
+        dataset of your own keeps its own order."""
+        if self.arrays:
+            x, y = self.train
+            return global_batches(x, y, batch_size, seed=seed)
+        return self.train.batch(batch_size, drop_remainder=True).repeat()
+
+    def test_batches(self):
+        if self.arrays:
+            x, y = self.test
+            return [(x, y)]
+        return self.test.batch(256)
+
+
+def load_data(c: dict[str, Any]) -> Data:
+    d = c["data"]
+    if d["name"] == "digits":
+        train = load_digits("train", d["test_fraction"], d["seed"])
+        return Data(train, load_digits("test", d["test_fraction"], d["seed"]), (8, 8, 1), 10)
+    if d["name"] == "synthetic":
+        x, y = synthetic_classification(d["num_examples"], tuple(d["input_shape"]),
+                                        d["num_classes"], d["seed"])
+        n_test = max(1, int(round(len(y) * d["test_fraction"])))
+        return Data((x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]),
+                    d["num_classes"])
+    out = _call(user_function(d["name"], "data.name"), dict(d["options"]), {"seed": d["seed"]})
+    try:
+        train, test = out
+    except (TypeError, ValueError):
+        raise ConfigError(f"data.name: {d['name']} must return (train, test): two (x, y) array "
+                          "pairs or two tf.data datasets of (x, y) examples.") from None
+    if isinstance(train, tf.data.Dataset):
+        x_spec = train.element_spec[0]
+        return Data(train, test, tuple(x_spec.shape), d["num_classes"])
+    (x, y), _ = train, test
+    return Data(train, test, tuple(np.shape(x)[1:]), int(np.max(y)) + 1)
+
+
+def make_model(c: dict[str, Any], data: Data) -> keras.Model:
+    m = c["model"]
+    if m["name"] in MODELS:
+        return build_model(m["name"], data.input_shape, data.num_classes or 10, m["hidden"])
+    model = _call(user_function(m["name"], "model.name"), dict(m["options"]),
+                  {"input_shape": data.input_shape, "num_classes": data.num_classes})
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"model.name: {m['name']} must return a keras.Model; got "
+                          f"{type(model).__name__}.")
+    return model
+
+
+def accuracy(model: keras.Model, batches) -> float:
+    """Top-1 accuracy of `model` over (x, y) batches, in forward passes."""
+    correct = total = 0
+    for x, y in batches:
+        predicted = np.argmax(np.asarray(model(x, training=False)), axis=-1)
+        correct += int(np.sum(predicted == np.asarray(y).reshape(predicted.shape)))
+        total += int(np.size(predicted))
+    return correct / max(total, 1)
+
+
+# -- the optimizer -----------------------------------------------------------------------------------
 def _state_bytes(optimizer) -> dict[str, int]:
     """Optimizer-state bytes per device (and host/disk when offloaded), as placed."""
     from tfdist.zero import memory_report
@@ -99,11 +259,11 @@ def _state_bytes(optimizer) -> dict[str, int]:
             memory_report(optimizer).items() if kinds["optimizer_state"]}
 
 
-def _wrap(engine, inner, config: dict):
+def _wrap(job: Job, inner, config: dict):
     """The config's tfdist optimizer around `inner` (`inner` itself for the keras_multi_worker
     baseline). The same classes serve every engine: the optimizer resolves its engine when
     built."""
-    if engine.name == "keras_multi_worker":
+    if job.name == "keras_multi_worker":
         return inner
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
@@ -127,135 +287,137 @@ def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizer
     return keras.optimizers.RMSprop(learning_rate, weight_decay=wd)
 
 
-def _data(c: dict[str, Any]):
-    d = c["data"]
-    if d["name"] == "digits":
-        train = load_digits("train", d["test_fraction"], d["seed"])
-        test = load_digits("test", d["test_fraction"], d["seed"])
-        return train, test, (8, 8, 1), 10
-    x, y = synthetic_classification(d["num_examples"], tuple(d["input_shape"]), d["num_classes"],
-                                    d["seed"])
-    n_test = max(1, int(round(len(y) * d["test_fraction"])))
-    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]), \
-        d["num_classes"]
-
-
-def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
-    """Top-1 accuracy of `model` on (x, y), in one forward pass."""
-    probabilities = np.asarray(model(x, training=False))
-    return float(np.mean(np.argmax(probabilities, axis=1) == y))
-
-
 EVAL_TAG = "tfdist-eval "
 
 
 class EpochEvaluation(keras.callbacks.Callback):
     """Test accuracy after every epoch, next to the training time so far (the sum of the step
-    times but the first, tracing, step) and the bytes sent; with `announce`, each record is also
-    printed as one `tfdist-eval {json}` line (what `tfdist bench --suite comm` follows)."""
+    times but the first, tracing, step) and the bytes sent; adds `test_accuracy` to the logs;
+    with `announce`, each record is also printed as one `tfdist-eval {json}` line (what
+    `tfdist bench --suite comm` follows)."""
 
-    def __init__(self, x, y, timer: StepTimer, epochs: int, announce: bool = False):
+    def __init__(self, data: Data, timer: StepTimer, epochs: int, announce: bool = False):
         super().__init__()
-        self.x, self.y, self.timer, self.epochs, self.announce = x, y, timer, epochs, announce
+        self.data, self.timer, self.epochs, self.announce = data, timer, epochs, announce
         self.log: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch, logs=None):
-        exchange = chain_of(self.model.optimizer)
+        chain = chain_of(self.model.optimizer)
         record = {"epoch": epoch + 1, "epochs": self.epochs,
                   "steps": len(self.timer.times),
                   "train_seconds": round(float(sum(self.timer.times[1:])), 4),
-                  "test_accuracy": accuracy(self.model, self.x, self.y),
-                  "bytes_sent": None if exchange is None else float(exchange.bytes_sent)}
+                  "test_accuracy": accuracy(self.model, self.data.test_batches()),
+                  "bytes_sent": None if chain is None else float(chain.bytes_sent)}
         self.log.append(record)
+        if logs is not None:
+            logs["test_accuracy"] = record["test_accuracy"]
         if self.announce:
             print(EVAL_TAG + json.dumps(record), flush=True)
 
 
+def _verbosity(config: dict[str, Any], job: Job, progress: bool) -> int:
+    """Keras' progress bar on a terminal, one line per epoch otherwise (logs, the launcher)."""
+    if not (job.is_chief and progress):
+        return 0
+    verbose = config["train"]["verbose"]
+    if verbose is None:
+        verbose = 1 if sys.stdout.isatty() else 2
+    return verbose
+
+
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Trains as `config` says; returns (and on the chief writes) the run summary."""
+    """Trains as `config` says; returns the run summary, which the chief also writes, with the
+    model and the config, to the run directory (`summary["run_dir"]`)."""
     start = time.time()
-    engine = make_engine(config)
+    run_dir = run_directory(config)
+    job = make_job(config)
+    files = RunFiles(run_dir, job.is_chief)
     keras.utils.set_random_seed(config["train"]["seed"])
     keras.config.set_dtype_policy(config["train"]["precision"])
-    (x, y), (x_test, y_test), input_shape, num_classes = _data(config)
+    data = load_data(config)
+    files.start(config)
+    if job.is_chief and progress:
+        print(f"run directory     {run_dir}", flush=True)
 
     opt_cfg, data_cfg = config["optimizer"], config["data"]
     accumulation = opt_cfg["accumulation_steps"]
     micro_batch = data_cfg["global_batch_size"] // accumulation
-    if micro_batch % engine.world_size:
+    if micro_batch % job.world_size:
         raise ValueError(
             f"data.global_batch_size / optimizer.accumulation_steps = {micro_batch} must divide by "
-            f"the {engine.world_size} workers/replicas: use a multiple of "
-            f"{engine.world_size * accumulation} for data.global_batch_size.")
-    if micro_batch > len(y):
+            f"the {job.world_size} workers/replicas: use a multiple of "
+            f"{job.world_size * accumulation} for data.global_batch_size.")
+    size = data.train_size
+    if size is not None and micro_batch > size:
         raise ValueError(f"data.global_batch_size ({data_cfg['global_batch_size']}) is larger "
-                         f"than the training set ({len(y)} examples).")
-    scale = engine.world_size if opt_cfg["scale_lr_by_workers"] else 1
+                         f"than the training set ({size} examples).")
+    scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
     warmup = opt_cfg["warmup_epochs"] > 0 and scale > 1
     lr = opt_cfg["learning_rate"] * (1 if warmup else scale)
 
-    scope = engine.strategy.scope() if engine.strategy else contextlib.nullcontext()
+    scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
     with scope:
-        model = build_model(config["model"]["name"], input_shape, num_classes,
-                            config["model"]["hidden"])
-        inner = _inner_optimizer(opt_cfg, lr)
-        optimizer = _wrap(engine, inner, config)
-        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
+        model = make_model(config, data)
+        optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
+        model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"])
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
 
-    steps = config["train"]["steps_per_epoch"] or max(1, len(y) // micro_batch)
-    seed = data_cfg["seed"]
+    steps = config["train"]["steps_per_epoch"] or (size // micro_batch if size else None)
+    if not steps:
+        raise ConfigError("train.steps_per_epoch: the training dataset's size is unknown; set "
+                          "train.steps_per_epoch.")
+    batches = data.global_batches(micro_batch, data_cfg["seed"])
     callbacks: list[keras.callbacks.Callback] = []
-    if engine.name == "horovod":
+    if job.name == "horovod":
         import tfdist.horovod as thvd
 
-        dataset = shard_batches(global_batches(x, y, micro_batch, seed=seed), engine.rank,
-                                engine.world_size)
+        dataset = shard_batches(batches, job.rank, job.world_size)
         callbacks += [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
         if warmup:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
-    elif engine.strategy is not None:
-        dataset = distribute(engine.strategy, x, y, micro_batch, seed=seed)
+    elif job.strategy is not None:
+        dataset = distribute_batches(job.strategy, lambda: data.global_batches(
+            micro_batch, data_cfg["seed"]))
         if warmup:
             callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"]))
     else:
-        dataset = global_batches(x, y, micro_batch, seed=seed)
-    output = Path(config["train"]["output_dir"])
+        dataset = batches
     timer = StepTimer()
     callbacks.append(timer)
-    counted = engine.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
+    counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
     if counted:
-        callbacks.append(CommunicationStats(log_dir=str(output / "tensorboard")
-                                            if engine.is_chief else None))
+        callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
-        evaluation = EpochEvaluation(x_test, y_test, timer, config["train"]["epochs"],
-                                     announce=engine.is_chief)
+        evaluation = EpochEvaluation(data, timer, config["train"]["epochs"],
+                                     announce=job.is_chief)
         callbacks.append(evaluation)
+    if job.is_chief:
+        callbacks.append(ScalarLog(str(run_dir / TENSORBOARD)))
 
-    verbose = config["train"]["verbose"] if (engine.is_chief and progress) else 0
     history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
-                        verbose=verbose, callbacks=callbacks)
+                        verbose=_verbosity(config, job, progress), callbacks=callbacks)
     train_seconds = time.time() - start
 
-    test_accuracy = accuracy(model, x_test, y_test)
+    test_accuracy = accuracy(model, data.test_batches())
     total_steps = steps * config["train"]["epochs"]
     params = int(model.count_params())
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-    dense_per_step = ring_bytes("all_reduce", 4 * trainable, engine.world_size) / accumulation
+    dense_per_step = ring_bytes("all_reduce", 4 * trainable, job.world_size) / accumulation
     if counted:
         bytes_sent, rounds = optimizer.bytes_sent, optimizer.communication_rounds
         calls = optimizer.collective_calls
     else:  # Keras' own all-reduce sends what a dense ring all-reduce sends (not counted)
         bytes_sent, rounds = dense_per_step * total_steps, total_steps
-        calls = total_steps if engine.world_size > 1 else 0  # one batched all-reduce per step
+        calls = total_steps if job.world_size > 1 else 0  # one batched all-reduce per step
+    model_path = files.save_model(model) if config["train"]["save_model"] else None
     summary = {
-        "engine": engine.name,
-        "world_size": engine.world_size,
+        "engine": job.name,
+        "world_size": job.world_size,
+        "run_dir": str(run_dir),
         "test_accuracy": test_accuracy,
-        "test_examples": int(len(y_test)),
+        "test_examples": _test_examples(data),
         "final_train_loss": float(history.history["loss"][-1]),
         "final_train_accuracy": float(history.history["accuracy"][-1]),
         "steps": total_steps,
@@ -267,7 +429,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         # Collective calls per training step (= per gradient exchange when synchronous).
         "collectives_per_step": calls / total_steps,
         "averaging_period": (optimizer.averaging_period
-                             if getattr(optimizer, "local_sgd", None) is not None else None),
+                             if getattr(optimizer, "averaging", None) is not None else None),
         "trainable_parameters": trainable,
         "gradient_bytes_per_round": 4 * trainable,
         "compressor": compression.serialize(getattr(optimizer, "compressor", None)),
@@ -279,14 +441,17 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
         "epoch_log": evaluation.log if evaluation else None,
+        "model_path": str(run_dir / MODEL) if model_path is not None else None,
         "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": platform.python_version()},
         "config": config,
     }
-    if engine.is_chief:
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "summary.json").write_text(json.dumps(summary, indent=2))
-        summary["summary_path"] = str(output / "summary.json")
+    files.finish(summary)
+    if job.is_chief:
+        summary["summary_path"] = str(run_dir / SUMMARY)
     keras.config.set_dtype_policy("float32")
     return summary
 
+
+def _test_examples(data: Data) -> int:
+    return sum(int(np.shape(y)[0]) for _, y in data.test_batches())

@@ -239,7 +239,8 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
     argv = [sys.executable, "-m", "tfdist.tools.cli", "train", "--config", str(config_path)]
 
     def host_argv(host: int) -> list[str]:
-        return [*argv, "--set", f"train.output_dir={run_dir / f'host{host}'}"]
+        return [*argv, "--set", f"train.output_dir={run_dir / f'host{host}'}",
+                "--set", "train.run_name=run", "--set", "train.save_model=false"]
 
     def on_line(rank: int, line: str) -> None:
         if rank == 0 and line.startswith(EVAL_TAG):
@@ -261,7 +262,7 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
             r.output[-1500:] for r in results if r.returncode != 0)
         raise RuntimeError(f"workers exited with {codes} (None: stopped); logs in {run_dir}:\n"
                            f"{tail}")
-    summary = json.loads((run_dir / "host0" / "summary.json").read_text())
+    summary = json.loads((run_dir / "host0" / "run" / "summary.json").read_text())
     summary["wire_bytes_per_host"] = sent
     return summary
 
@@ -375,12 +376,13 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     written = []
     for hosts in sorted({r["hosts"] for r in rows}):
         links = [b for b in plan.bandwidths if any(r["hosts"] == hosts and r["bandwidth"] == b
                                                    for r in rows)]
-        fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4.6), squeeze=False)
         for ax, link in zip(axes[0], links):
             for r in rows:
                 if r["hosts"] == hosts and r["bandwidth"] == link:
@@ -388,11 +390,17 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
                     ax.plot(t, a, marker="o", ms=3, label=r["label"],
                             linestyle="--" if r["algorithm"] == LIMIT else "-")
             ax.axhline(plan.target_accuracy, color="grey", lw=0.8, ls=":")
-            ax.set(title=f"{hosts} hosts, {link} links", xlabel="training time (s)",
+            ax.set(title=f"{hosts} hosts, {link} links", xlabel="training time (s, log scale)",
                    ylabel="test accuracy", xscale="log")
+            # Labels at 1-2-5 steps only, as plain numbers: no crowded or overlapping labels.
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.grid(alpha=0.3)
-        axes[0][-1].legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8,
+                   frameon=False)  # below the panels, off the data
+        fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 2) // 3), 1, 1))
         path = out_dir / f"comm_accuracy_{hosts}hosts.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -402,14 +410,18 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
         if r["algorithm"] != LIMIT:
             first.setdefault((r["hosts"], r["label"]), r)
     if first:
-        fig, ax = plt.subplots(figsize=(9, 0.45 * len(first) + 1.5))
+        fig, ax = plt.subplots(figsize=(9, 0.6 * len(first) + 1.8))
         labels = [f"{label} ({hosts} hosts)" for hosts, label in first]
-        ax.barh(labels, [r["bytes_per_step"] for r in first.values()], label="counted payload")
-        ax.barh(labels, [r["wire_bytes_per_step"] for r in first.values()], height=0.3,
-                label="on the wire (incl. set-up)")
-        ax.set(xscale="log", xlabel="bytes per step per worker")
+        y = list(range(len(labels)))
+        ax.barh([i - 0.2 for i in y], [r["bytes_per_step"] for r in first.values()], height=0.4,
+                label="counted payload")  # side by side: neither bar hides the other
+        ax.barh([i + 0.2 for i in y], [r["wire_bytes_per_step"] for r in first.values()],
+                height=0.4, label="on the wire (incl. set-up)")
+        ax.set_yticks(y, labels)
+        ax.set(xscale="log", xlabel="bytes per step per worker (log scale)")
         ax.invert_yaxis()
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(y)),
+                  ncol=2, frameon=False)
         fig.tight_layout()
         path = out_dir / "comm_bytes.png"
         fig.savefig(path, dpi=110)
@@ -418,10 +430,48 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
     return written
 
 
+ACCURACY_SLACK = 0.01  # a decision's algorithm ends within 1 point of the baseline's accuracy
+
+
+def decisions(plan: Plan, rows: list[dict]) -> str:
+    """Which algorithm to pick, per number of hosts, link speed and model size: the one that
+    reached the target accuracy soonest among those ending within 1 point of the baseline's
+    final accuracy (the one-tensor-at-a-time rows and the limit are not candidates)."""
+    lines = [f"| hosts | link | model (parameters) | pick | time to {plan.target_accuracy:.0%} "
+             "vs dense all-reduce | runner-up |", "|---:|---|---:|---|---:|---|"]
+    baseline = plan.algorithms[0].key
+    for (hosts, link) in sorted({(r["hosts"], r["bandwidth"]) for r in rows},
+                                key=lambda k: (k[0], emulated.parse_bandwidth(k[1]))):
+        here = [r for r in rows if (r["hosts"], r["bandwidth"]) == (hosts, link)]
+        base = next((r for r in here if r["algorithm"] == baseline), None)
+        if base is None:
+            continue
+        ok = sorted((r for r in here if r["algorithm"] != LIMIT
+                     and not r["algorithm"].endswith("_per_tensor")
+                     and r["time_to_target_s"] is not None
+                     and r["final_accuracy"] >= base["final_accuracy"] - ACCURACY_SLACK),
+                    key=lambda r: r["time_to_target_s"])
+        if not ok:
+            continue
+        pick, rest = ok[0], ok[1:]
+        ratio = ("(it is the baseline)" if pick is base else
+                 f"{base['time_to_target_s'] / pick['time_to_target_s']:.2f}x sooner"
+                 if base["time_to_target_s"] else "dense did not reach it")
+        lines.append(f"| {hosts} | {link} | {base['parameters']:,} | {pick['label']} | {ratio} | "
+                     + (rest[0]["label"] if rest else "-") + " |")
+    return "\n".join(lines)
+
+
 def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
           command: str) -> None:
     text = table(plan, rows)
     (out_dir / "comm.md").write_text(f"Command: `{command}`\n\n{text}\n")
+    picks = decisions(plan, rows)
+    (out_dir / "decisions.md").write_text(
+        f"Which algorithm when, from `{command}` (the fastest to {plan.target_accuracy:.0%} "
+        f"among those ending within {100 * ACCURACY_SLACK:g} point of the baseline's final "
+        f"accuracy):"
+        f"\n\n{picks}\n")
     meta: dict[str, Any] = {
         "command": command, "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
         "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}

@@ -41,6 +41,7 @@ from pathlib import Path
 import keras
 
 from tfdist.callbacks import StepTimer
+from tfdist.tools.bench import plots
 
 INPUT_DIM, HIDDEN, CLASSES = 256, (1024, 1024), 10
 MODEL = {"input_dim": INPUT_DIM, "hidden": list(HIDDEN), "classes": CLASSES}
@@ -89,10 +90,10 @@ def _median_ms(samples: list[list[float]]) -> float:
 
 
 def _in_process(steps: int, repeats: int) -> list[dict]:
+    from tfdist.devices import local_devices
     from tfdist.strategies import new_mirrored_strategy
-    from tfdist.tools.runner import configure_devices
 
-    devices = configure_devices(2)
+    devices = local_devices(2)
     engines: dict[str, tuple] = {}
     for key, wrap in (("baseline", False), ("tfdist", True)):
         strategy = new_mirrored_strategy(devices)
@@ -264,10 +265,11 @@ LOCAL_SGD_RUNS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 
 
 def _local_sgd_rows(quick: bool, out_dir: Path) -> list[dict]:
+    from tfdist.devices import local_devices
     from tfdist.tools.config import configs_dir, load_config
-    from tfdist.tools.runner import configure_devices, train
+    from tfdist.tools.runner import train
 
-    configure_devices(max(devices for _, devices, _ in LOCAL_SGD_RUNS))  # once per process
+    local_devices(max(devices for _, devices, _ in LOCAL_SGD_RUNS))  # once per process
     rows = []
     for i, (name, devices, settings) in enumerate(LOCAL_SGD_RUNS):
         overrides = [f"train.output_dir={out_dir / f'run{i}'}", "train.verbose=0",
@@ -309,12 +311,12 @@ def _memory_rows() -> list[dict]:
     import keras
 
     from tfdist import DistributedOptimizer, ZeroOptimizer
+    from tfdist.devices import local_devices
     from tfdist.strategies import new_mirrored_strategy
     from tfdist.tools.models import build_model
-    from tfdist.tools.runner import configure_devices
     from tfdist.zero import memory_report
 
-    devices = configure_devices(max(MEMORY_DEVICES))
+    devices = local_devices(max(MEMORY_DEVICES))
     rows = []
     for n in MEMORY_DEVICES:
         row: dict = {"replicas": n}
@@ -359,10 +361,10 @@ def _memory_table(rows: list[dict]) -> str:
 
 
 def _pipeline_rows(quick: bool) -> list[dict]:
+    from tfdist.devices import local_devices
     from tfdist.tools.bench.pipeline import pipeline_rows
-    from tfdist.tools.runner import configure_devices
 
-    return pipeline_rows(configure_devices(4), quick,
+    return pipeline_rows(local_devices(4), quick,
                          progress=lambda line: print(line, flush=True))
 
 
@@ -413,8 +415,9 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     (out_dir / f"{suite}.md").write_text(f"Command: `{command}`\n\n{table}\n")
     (out_dir / f"{suite}.json").write_text(json.dumps(
         {"command": command, **meta, "rows": rows}, indent=2))
+    png = getattr(plots, suite)(rows, out_dir / f"{suite}.png")
     print(table)
-    print(f"bench: wrote {out_dir / f'{suite}.md'} and {out_dir / f'{suite}.json'}")
+    print(f"bench: wrote {out_dir / f'{suite}.md'}, {out_dir / f'{suite}.json'} and {png}")
     return rows
 
 

@@ -1,0 +1,113 @@
+"""The plots of `tfdist bench`'s in-process suites (the comm suite draws its own): one PNG per
+suite, `OUT/<suite>.png`, next to its table. Legends sit off the data, axes are labelled with
+their units, paired bars stand side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def engines(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(rows) + 1.6))
+    labels = [f"{r['engine']}\n({r['layout']})" for r in rows]
+    ax.barh(labels, [r["step_ms"] for r in rows], color="tab:blue")
+    for i, r in enumerate(rows):
+        ax.text(r["step_ms"], i, f" {r['step_ms']:.1f} ms", va="center", fontsize=8)
+    ax.set(xlabel="step time (ms, median)", title="engines: step time per training step")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=8)
+    ax.margins(x=0.2)
+    return _save(fig, path)
+
+
+def compression(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.8), sharey=True)
+    labels = [r["compressor"] for r in rows]
+    left.barh(labels, [r["ratio_vs_dense"] for r in rows], color="tab:orange")
+    left.set(xscale="log", xlabel="bytes per step vs dense all-reduce (log scale)")
+    right.barh(labels, [r["test_accuracy"] for r in rows], color="tab:green")
+    low = min(r["test_accuracy"] for r in rows)
+    right.set(xlim=(max(0.0, low - 0.05), 1.0), xlabel="test accuracy")
+    left.invert_yaxis()
+    fig.suptitle("compression: bytes and accuracy per compressor (same job)")
+    return _save(fig, path)
+
+
+def local_sgd(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for devices in sorted({r["devices"] for r in rows}):
+        group = [r for r in rows if r["devices"] == devices]
+        ax.scatter([r["rounds"] for r in group], [r["test_accuracy"] for r in group],
+                   label=f"{devices} devices")
+        for r in group:
+            ax.annotate(r["run"], (r["rounds"], r["test_accuracy"]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+    ax.set(xscale="log", xlabel="communication rounds (log scale)", ylabel="test accuracy",
+           title="local SGD: accuracy against rounds")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
+    return _save(fig, path)
+
+
+def memory(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    n = [r["replicas"] for r in rows]
+    for key, label in (("baseline", "DistributedOptimizer (whole state)"),
+                       ("zero1", "ZeRO stage 1"), ("zero2", "ZeRO stage 2")):
+        ax.plot(n, [r[key] / 2**20 for r in rows], marker="o", label=label)
+    ax.plot(n, [r["formula_zero2"] / 2**20 for r in rows], ls=":", color="grey",
+            label="formula, stage 2: 4(K+2)⌈P/N⌉")
+    ax.set(xscale="log", xticks=n, xlabel="replicas N", ylabel="MiB per replica",
+           title="memory: optimizer state + parameter shard + gradient buffers")
+    ax.set_xticklabels([str(v) for v in n])
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
+    return _save(fig, path)
+
+
+def pipeline(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    runs = [r for r in rows if r["k"] > 1]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    for schedule in ("gpipe", "1f1b"):
+        for k in sorted({r["k"] for r in runs}):
+            group = [r for r in runs if r["schedule"] == schedule and r["k"] == k]
+            if not group:
+                continue
+            label = f"{schedule}, K={k}"
+            left.plot([r["m"] for r in group], [r["speedup"] for r in group], marker="o",
+                      label=label)
+            right.plot([r["m"] for r in group], [sum(r["idle"]) / k for r in group],
+                       marker="o", label=f"{label}, measured")
+            right.plot([r["m"] for r in group], [r["bubble"] for r in group], ls=":",
+                       color="grey")
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.set(xlabel="micro-batches M", ylabel="throughput vs one device",
+             title="pipeline: throughput")
+    right.set(xlabel="micro-batches M", ylabel="mean idle fraction per stage",
+              title="idle (dotted: the bubble (K-1)/(M+K-1))")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2,
+                  frameon=False)
+    return _save(fig, path)

@@ -12,9 +12,14 @@ from tfdist.tools.launch import run_horovod, run_tf_workers
 TFDIST = [sys.executable, "-m", "tfdist.tools.cli"]
 
 
-def _run(args, timeout=300):
+def _run(args, timeout=300, env=None):
     return subprocess.run([*TFDIST, *args], capture_output=True, text=True, cwd=ROOT,
-                          env=worker_env(), timeout=timeout)
+                          env=env or worker_env(), timeout=timeout)
+
+
+def _user_env() -> dict[str, str]:
+    """A user's environment: the test rig's TF_CPP_MIN_LOG_LEVEL left out."""
+    return {k: v for k, v in worker_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 
 
 def _scalars(run_dir):
@@ -35,7 +40,7 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
 
     args = ["train", "--config", "configs/default.yaml", "--set", "train.epochs=2",
             "--set", f"train.output_dir={tmp_path}"]
-    first, second = _run(args), _run(args)
+    first, second = _run(args, env=_user_env()), _run(args)
     for out in (first, second):
         assert out.returncode == 0, out.stderr[-4000:]
         assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
@@ -59,6 +64,8 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
     assert isinstance(model.optimizer, tfdist.DistributedOptimizer)
     refused = _run([*args, "--set", f"train.run_name={runs[0].name}"])
     assert refused.returncode == 2 and "holds a finished run" in refused.stderr
+    loud = _run([*args, "--set", "train.epochs=1", "--verbose"], env=_user_env())
+    assert loud.returncode == 0 and len(loud.stderr.strip().splitlines()) > 3  # TF's own lines
 
 
 def test_train_zero_config_keeps_the_optimizer_state_on_the_host(tmp_path):

@@ -7,8 +7,11 @@ configs, benchmarks, the emulated cluster, launchers) live in `tfdist.tools`, wh
 never imports.
 
 `import tfdist` imports the library, which registers its Keras classes (so `load_model` finds
-them). One exception: the `tfdist` command asked only for `--help` or `--version` answers from
-its parser, without TensorFlow's import (seconds); the library then loads on first use.
+them). When this process is the `tfdist` command, two things happen first: asked only for
+`--help` or `--version`, it answers from its parser without TensorFlow's import (seconds; the
+library then loads on first use); otherwise, unless `--verbose`, TensorFlow's C++ logging is
+silenced: its level is set before TensorFlow loads, and the lines its libraries print while
+loading (before that level applies) go to /dev/null.
 """
 
 from __future__ import annotations
@@ -57,13 +60,38 @@ def _import_library() -> None:
         globals()[name] = getattr(importlib.import_module(f"tfdist.{module}"), name)
 
 
-def _help_only() -> bool:
+def _command_arguments() -> list[str] | None:
+    """The arguments when this process is the `tfdist` command (its console script, or
+    `python -m tfdist.tools.cli`), else None."""
     argv = _sys.argv
-    return (bool(argv) and _os.path.basename(argv[0]) == "tfdist"
-            and any(arg in ("-h", "--help", "--version") for arg in argv[1:]))
+    if argv and _os.path.basename(argv[0]) == "tfdist":
+        return argv[1:]
+    original = list(getattr(_sys, "orig_argv", []))
+    if "-m" in original:
+        i = original.index("-m")
+        if original[i + 1:i + 2] == ["tfdist.tools.cli"]:
+            return original[i + 2:]
+    return None
 
 
-_deferred = _help_only()
+def _without_stderr(fn) -> None:
+    """Runs `fn` with this process's file descriptor 2 on /dev/null, then restores it."""
+    _sys.stderr.flush()
+    saved, devnull = _os.dup(2), _os.open(_os.devnull, _os.O_WRONLY)
+    try:
+        _os.dup2(devnull, 2)
+        fn()
+    finally:
+        _os.dup2(saved, 2)
+        _os.close(saved)
+        _os.close(devnull)
+
+
+_arguments = _command_arguments()
+_deferred = _arguments is not None and any(a in ("-h", "--help", "--version") for a in _arguments)
+_quiet = _arguments is not None and not {"-v", "--verbose"} & set(_arguments)
+if _quiet:
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def __getattr__(name: str):
@@ -77,4 +105,4 @@ def __getattr__(name: str):
 
 
 if not _deferred:
-    _import_library()
+    _without_stderr(_import_library) if _quiet else _import_library()

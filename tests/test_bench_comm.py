@@ -50,8 +50,10 @@ def test_the_shipped_spec_is_valid_and_its_model_has_5m_parameters():
     assert quick.configs[(2, "dense")]["train"]["epochs"] == 3
     # The per-tensor rows are selectable, not in the default sweep.
     assert "powersgd_per_tensor" not in [a.key for a in plan.algorithms]
-    chosen = load_plan(algorithms=["powersgd", "powersgd_per_tensor"])
+    chosen = load_plan(algorithms=["powersgd", "powersgd_per_tensor"],
+                       job=["model.hidden=[256, 256]"])
     assert chosen.configs[(2, "powersgd_per_tensor")]["compression"]["batched"] is False
+    assert chosen.configs[(2, "dense_keras")]["model"]["hidden"] == [256, 256]  # --set
     assert chosen.configs[(2, "powersgd")]["compression"]["batched"] is True
 
 

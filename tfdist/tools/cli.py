@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--algorithms", type=_list, metavar="NAME,...",
                        help="comm: algorithms of configs/bench/comm.yaml (the baseline always "
                             "runs)")
+    bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="comm: override the spec's job for every run (repeatable), e.g. "
+                            "--set model.hidden=[256,256]")
 
     sub.add_parser("info", help=COMMANDS["info"], description=COMMANDS["info"] + ".")
     return parser
@@ -212,7 +215,8 @@ def cmd_bench(args) -> int:
         if args.suite == "comm":
             from tfdist.tools.bench.comm import run_comm
 
-            run_comm(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms)
+            run_comm(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
+                     job=args.set)
         else:
             from tfdist.tools.bench.suites import run_suite
 

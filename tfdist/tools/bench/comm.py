@@ -69,7 +69,7 @@ class Plan:
 
 def load_plan(spec_path: str | Path | None = None, quick: bool = False,
               hosts: list[str] | None = None, bandwidths: list[str] | None = None,
-              algorithms: list[str] | None = None) -> Plan:
+              algorithms: list[str] | None = None, job: list[str] | None = None) -> Plan:
     """Reads and checks the spec and the command-line selection; builds and validates every
     run's config. Raises ConfigError (naming the value and the fix) before anything starts."""
     path = Path(spec_path) if spec_path else configs_dir() / SPEC
@@ -115,7 +115,7 @@ def load_plan(spec_path: str | Path | None = None, quick: bool = False,
     target = spec.get("target_accuracy", 0.95)
     if not isinstance(target, (int, float)) or not 0 < target < 1:
         errors.append(f"target_accuracy: got {target!r}; must be a number in (0, 1)")
-    job = [*spec.get("job", []), *quick_spec.get("set", [])]
+    job = [*spec.get("job", []), *quick_spec.get("set", []), *(job or [])]
     algos = []
     for key in selected if not unknown else []:
         entry = table[key] or {}
@@ -481,8 +481,9 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
 
 
 def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
-             spec: str | None = None) -> list[dict]:
-    plan = load_plan(spec, quick, hosts, bandwidths, algorithms)
+             spec: str | None = None, job: list[str] | None = None) -> list[dict]:
+    """The sweep; `job` adds config overrides to the spec's job (e.g. another model size)."""
+    plan = load_plan(spec, quick, hosts, bandwidths, algorithms, job)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "tfdist bench --suite comm" + (" --quick" if quick else "")
@@ -490,6 +491,7 @@ def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                         ("algorithms", algorithms)):
         if value is not None:
             command += f" --{flag} {','.join(map(str, value))}"
+    command += "".join(f' --set "{override}"' for override in job or [])
     params = plan.configs[(plan.hosts[0], plan.algorithms[0].key)]["model"]
     print(f"bench: comm: {len(plan.algorithms)} algorithms + the zero-communication limit on "
           f"{plan.hosts} hosts x {plan.bandwidths} links ({plan.runs} runs); model "

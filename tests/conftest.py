@@ -4,6 +4,7 @@ and helpers that launch local worker processes with a hard timeout."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,3 +49,20 @@ def horovod_available() -> bool:
 def worker_cmd():
     """argv prefix for tests/workers/train_worker.py."""
     return [sys.executable, WORKER]
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 64 KiB tmpfs, mounted for the test (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    path = tmp_path / "small"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tfdist-test", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)

@@ -53,7 +53,7 @@ def test_defaults_fill_missing_keys():
     ({"averaging": {"period": 4, "outer": {"name": "nesterov"}}},
      "averaging: `outer` must be an OuterRule"),
     ({"averaging": {"period": 4, "outer": {"name": "sma", "alpha": 1.5}}},
-     "averaging: `alpha` must be in (0, 1]. Received: alpha=1.5"),
+     "averaging: `alpha` must be a number in (0, 1]. Received: alpha=1.5"),
     ({"averaging": {"period": 4, "outer": {"name": "slowmo", "beta": 0.5}}},
      "Bad options for outer rule 'slowmo'"),
     ({"averaging": {"period": 1, "topology": "ring", "outer": {"name": "sma"}}},
@@ -100,6 +100,48 @@ def test_overrides_are_yaml_values_and_validated(tmp_path):
         load_config(cfg, ["train.epochs=-2"])
     with pytest.raises(ConfigError, match="section.key=value"):
         parse_override("epochs=2")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("optimizer: {learning_rate: .inf}", "optimizer.learning_rate: got inf; must be a number > 0"),
+    ("optimizer: {learning_rate: .nan}", "optimizer.learning_rate: got nan"),
+    ("train: {seed: -1}", "train.seed: got -1; must be an integer >= 0"),
+    ("data: {seed: 99999999999999}", "data.seed: got 99999999999999"),
+    ("train: {epochs: 1000000000000}", "train.epochs: got 1000000000000; must be an integer >= 1 "
+                                       "(at most 1,000,000)"),
+    ("engine: {devices: 100000}", "engine.devices: got 100000"),
+    ("model: {hidden: [64, 100000000]}", "model.hidden: got [64, 100000000]"),
+    ("a: &a [1, 2]\nb: *a", "YAML aliases (*name) are not allowed in a config (line 2)"),
+    ("train: {run_name: '../x'}", "train.run_name: got '../x'"),
+])
+def test_malformed_configs_are_refused_at_load(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value)
+
+
+def test_refusals_stay_short_and_ints_become_floats(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"] + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"
+        for i in range(8)]
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bomb)
+    assert len(str(e.value)) < 200  # the alias bomb (9**9 nodes) is not expanded
+    binary = tmp_path / "model.h5"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="is not a text file"):
+        load_config(binary)
+    huge = {"train": {f"key{i}": "x" * 10_000 for i in range(100)}}
+    with pytest.raises(ConfigError) as e:
+        validate(huge)
+    assert len(str(e.value)) < 12_000 and "and 80 more" in str(e.value)
+    config = validate({"optimizer": {"name": "sgd", "momentum": 0, "learning_rate": 1}})
+    assert isinstance(config["optimizer"]["momentum"], float)
+    assert isinstance(config["optimizer"]["learning_rate"], float)
 
 
 def test_missing_or_malformed_file(tmp_path):

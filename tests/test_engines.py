@@ -46,6 +46,22 @@ def test_resolve_follows_the_strategy_in_scope_then_the_activated_engine(mirrore
     assert isinstance(resolve(), LocalEngine)
 
 
+def test_one_process_trains_on_several_mirrored_strategies():
+    """What every notebook does: a plain Keras model on one MirroredStrategy, then tfdist's
+    optimizers on new ones, in one process."""
+    x, y = common.load_digits()
+    for make in (lambda: keras.optimizers.SGD(0.1),
+                 lambda: tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                 lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=2)):
+        strategy = tf.distribute.MirroredStrategy(common.cpu_devices(2))
+        with strategy.scope():
+            model = common.make_model()
+            model.compile(optimizer=make(), loss="sparse_categorical_crossentropy")
+        history = model.fit(common.distribute(strategy, x, y, BATCH), epochs=1,
+                            steps_per_epoch=3, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+
+
 def test_engine_run_gives_eager_collectives(mirrored):
     engine = DistributeEngine(mirrored(2))
     out = engine.run(lambda comm: comm.all_reduce([tf.ones([3]) * tf.cast(comm.rank + 1,
@@ -126,7 +142,9 @@ def test_a_new_engine_is_one_class_and_its_registration():
         activate(None)
         tfdist.comm.ENGINES.pop("counting")
     assert opt.engine is engine
-    assert _CountingEngine.calls == [("all_reduce", 4)] * 2  # one fused exchange per step
+    # Recorded as traced: one fused exchange per step function, and nan_policy's all-reduce of
+    # the ranks at fault, traced in its branch (it runs only when a gradient is non-finite).
+    assert _CountingEngine.calls == [("all_reduce", 4), ("all_reduce", 1)] * 2
 
 
 def _train(strategy, compressor, batched, steps=6, **options):

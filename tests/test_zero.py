@@ -1,5 +1,7 @@
 """ZeRO stages 1 and 2 (tfdist.ZeroOptimizer) on MirroredStrategy over logical CPU devices."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -91,10 +93,13 @@ def test_bytes_on_the_wire_equal_data_parallel_all_reduce(mirrored):
     dense, _ = _fit(mirrored(n), lambda: tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
                     steps=steps)
     plan = zero.optimizer.plan
-    # reduce-scatter (N-1)/N x 4 N S + all-gather (N-1) x 4 S, measured by the counters
-    assert zero.optimizer.bytes_sent == pytest.approx(steps * 2 * (n - 1) * 4 * plan.shard_size)
-    padding = steps * ring_bytes("all_reduce", 4 * plan.padding, n)
-    assert zero.optimizer.bytes_sent - dense.optimizer.bytes_sent == pytest.approx(padding)
+    # reduce-scatter (N-1)/N x 4 N (S + 1) (each shard carries the non-finite count) +
+    # all-gather (N-1) x 4 S, measured by the counters
+    s = plan.shard_size
+    assert zero.optimizer.bytes_sent == pytest.approx(steps * (n - 1) * 4 * (2 * s + 1))
+    extra = steps * (ring_bytes("all_reduce", 4 * plan.padding, n)
+                     + ring_bytes("reduce_scatter", 4 * n, n))  # padding, and the N counts
+    assert zero.optimizer.bytes_sent - dense.optimizer.bytes_sent == pytest.approx(extra)
     assert zero.optimizer.communication_rounds == steps
 
 
@@ -255,3 +260,32 @@ def test_bad_arguments_say_what_and_how_to_fix():
         Offload("disk", budget_bytes=10)
     with pytest.raises(ValueError, match="element-wise"):
         ZeroOptimizer("adam")
+
+
+def test_disk_offload_onto_a_too_small_filesystem_fails_first(mirrored, small_filesystem):
+    """4 replicas' Adam state of a 19,210-parameter MLP: 2 slots x ceil(P/4) x 4 bytes = 38,424
+    bytes each, which fits a 64 KiB filesystem, but 153,696 together, which does not: refused
+    before training with the bytes needed (not a SIGBUS on the first write of a sparse file); no
+    file is left."""
+    strategy = mirrored(4)
+    with strategy.scope():
+        model = common.make_model(hidden=(256,))
+        opt = ZeroOptimizer(keras.optimizers.Adam(),
+                            offload=Offload("disk", str(small_filesystem), budget_bytes=8192))
+        assert model.count_params() == 19_210
+        with pytest.raises(ValueError, match=r"4 replica\(s\) needs 153,696 bytes"):
+            opt.build(model.trainable_variables)
+    assert list(small_filesystem.iterdir()) == []
+
+
+def test_disk_store_reserves_its_files(small_filesystem):
+    """Each state file is reserved whole when it is made; one that does not fit fails at once,
+    naming the bytes, and removes what it made."""
+    from tfdist.zero.offload import _DiskStore
+
+    kept = _DiskStore(2, 4096, str(small_filesystem), "fits", measure=False)  # 2 x 16 KiB
+    assert [os.stat(p).st_blocks * 512 >= 4096 * 4 for p in kept.paths] == [True, True]
+    with pytest.raises(OSError, match=r"could not reserve 65,536 bytes"):
+        _DiskStore(1, 16384, str(small_filesystem), "too-big", measure=False)
+    assert sorted(p.name for p in small_filesystem.iterdir()) == sorted(
+        os.path.basename(p) for p in kept.paths)

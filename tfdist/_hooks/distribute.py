@@ -1,10 +1,13 @@
 """Private tf.distribute hooks (each covered by tests/test_hooks.py).
 
-* Collective keys. Each MirroredStrategy numbers its collective ops from the same base, so a
-  second strategy in one process reuses instance keys of the first, and TF aborts with
-  "Collective instance 100 expected type 0 ... but got type 2" once the first has run a traced
-  collective. TF's own tests avoid it by raising the class attribute `_collective_key_base`
-  before each new strategy; so does `advance_collective_keys`.
+* Collective keys. Each MirroredStrategy numbers its collective ops from the same base (the
+  class attribute `_collective_key_base`, read once when a strategy is created), so a second
+  strategy in one process reuses the keys of the first, and TF aborts with "Collective instance
+  100 expected type 0 ... but got type 2" once both have run collectives of different kinds
+  (what every notebook that builds two models meets). TF's own tests raise the base before each
+  new strategy. `fresh_collective_keys()` (installed when tfdist is imported) makes the
+  attribute give every new MirroredStrategy a base of its own. Multi-worker strategies keep
+  theirs: their keys must agree across processes.
 * Merge calls. `uses_merge_call` asks TF's semi-private `tf.__internal__` whether the current
   strategy needs `merge_call` for cross-replica work (MirroredStrategy does, the multi-worker
   collective strategy does not); Keras asks the same.
@@ -21,20 +24,31 @@ _KEY_STRIDE = 100_000
 _generation = itertools.count(1)
 
 
-def advance_collective_keys() -> None:
-    """Makes the next MirroredStrategy (or subclass) number its collectives afresh."""
+class _FreshKeyBase:
+    """A class attribute whose every read is a new key base: each MirroredStrategy created
+    reads it once, so each numbers its collectives in a range of its own."""
+
+    def __get__(self, instance, owner) -> int:
+        return next(_generation) * _KEY_STRIDE
+
+
+def fresh_collective_keys() -> None:
+    """Gives every MirroredStrategy (and subclass) created from now on keys of its own.
+    Idempotent."""
     cls = tf.distribute.MirroredStrategy
-    if not hasattr(cls, KEY_BASE_ATTRIBUTE):
+    if KEY_BASE_ATTRIBUTE not in vars(cls):
         raise RuntimeError(
             f"tf.distribute.MirroredStrategy has no `{KEY_BASE_ATTRIBUTE}`: this TensorFlow "
-            "version is not supported by tfdist (pin tensorflow 2.21.x)."
-        )
-    setattr(cls, KEY_BASE_ATTRIBUTE, next(_generation) * _KEY_STRIDE)
+            "version is not supported by tfdist (pin tensorflow 2.21.x).")
+    if not isinstance(vars(cls)[KEY_BASE_ATTRIBUTE], _FreshKeyBase):
+        setattr(cls, KEY_BASE_ATTRIBUTE, _FreshKeyBase())
 
 
 def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.MirroredStrategy:
-    """A `tf.distribute.MirroredStrategy` whose collectives do not clash with earlier ones."""
-    advance_collective_keys()
+    """A `tf.distribute.MirroredStrategy` whose collectives do not clash with other strategies'
+    (every MirroredStrategy created after `import tfdist` has that already; kept for code that
+    calls it)."""
+    fresh_collective_keys()
     return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.arguments import check_number
+
 
 class OuterRule:
     """Base class of outer rules (see the module docstring)."""
@@ -49,11 +51,8 @@ class SlowMo(OuterRule):
     learning_rate: float = 1.0
 
     def __post_init__(self):
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(
-                f"`learning_rate` must be > 0. Received: learning_rate={self.learning_rate!r}")
+        check_number("momentum", self.momentum, 0, 1, high_open=True)
+        check_number("learning_rate", self.learning_rate, 0, low_open=True)
 
     def update(self, own, mean, anchor, buffer, world_size, first):
         """(this replica's new value, new anchor, new buffer) from the round's mean."""
@@ -81,10 +80,8 @@ class SMA(OuterRule):
     momentum: float = 0.9
 
     def __post_init__(self):
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"`alpha` must be in (0, 1]. Received: alpha={self.alpha!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+        check_number("alpha", self.alpha, 0, 1, low_open=True)
+        check_number("momentum", self.momentum, 0, 1, high_open=True)
 
     def update(self, own, mean, anchor, buffer, world_size, first):
         z = tf.where(first, mean, anchor)
@@ -99,14 +96,16 @@ def get(spec) -> OuterRule | None:
     """An outer rule from an instance, None, or a config {"name": ..., **options}."""
     if spec is None or isinstance(spec, OuterRule):
         return spec
-    if isinstance(spec, dict) and spec.get("name") in OUTER_RULES:
+    name = spec.get("name") if isinstance(spec, dict) else None
+    if isinstance(name, str) and name in OUTER_RULES:
         options = {k: v for k, v in spec.items() if k != "name"}
         try:
-            return OUTER_RULES[spec["name"]](**options)
+            return OUTER_RULES[name](**options)
         except TypeError as e:
-            raise ValueError(f"Bad options for outer rule {spec['name']!r}: {e}") from None
+            raise ValueError(f"Bad options for outer rule {name!r}: {e}") from None
     raise ValueError(f"`outer` must be an OuterRule (e.g. tfdist.averaging.SlowMo()), None, or "
-                     f"{{'name': one of {sorted(OUTER_RULES)}, ...options}}. Received: {spec!r}")
+                     f"{{'name': one of {sorted(OUTER_RULES)}, ...options}}. "
+                     f"Received: {spec!r:.80}")
 
 
 def serialize(rule: OuterRule | None) -> dict[str, Any] | None:

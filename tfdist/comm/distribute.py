@@ -7,11 +7,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._hooks.distribute import uses_merge_call
+from tfdist._hooks.distribute import fresh_collective_keys, uses_merge_call
 from tfdist.comm.base import ByteCounter, Communicator
 from tfdist.comm.engine import Engine, register
 
 _OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
+
+fresh_collective_keys()  # several MirroredStrategies in one process (see tfdist._hooks.distribute)
 
 
 class ReplicaCommunicator(Communicator):

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
 import tensorflow as tf
 
 from tfdist.comm.base import ByteCounter, Communicator, LocalCommunicator
@@ -221,10 +220,3 @@ def get(spec: str | Engine | None) -> Engine | None:
         return ENGINES[spec]()
     raise ValueError(f"Unknown engine {spec!r}; choose one of {sorted(ENGINES)}, or pass an "
                      "Engine instance.")
-
-
-def check_int(name: str, value, minimum: int) -> int:
-    """`value` as an int if it is an integer >= minimum, else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
-    return int(value)

@@ -34,6 +34,7 @@ class Adaptive(Compressor):
                 raise ValueError(f"`{name}` must be a (non-adaptive) Compressor. Received: {c!r}")
         self.low, self.high = low, high
         self.summable = low.summable and high.summable
+        self.keeps_nonfinite = low.keeps_nonfinite and high.keeps_nonfinite
 
     def applies_to(self, shape):
         return self.low.applies_to(shape) and self.high.applies_to(shape)
@@ -92,4 +93,7 @@ class Adaptive(Compressor):
 
     @classmethod
     def from_config(cls, config):
+        if set(config) != {"low", "high"}:
+            raise ValueError("Adaptive takes two arguments, `low` and `high` (compressors or "
+                             f"their configs). Received: {sorted(config)}")
         return cls(get(config["low"]), get(config["high"]))

@@ -63,10 +63,14 @@ class Compressor(abc.ABC):
     Class attributes:
         summable: payloads may be summed by an all-reduce.
         unbiased: E[decompress(compress(x))] == x.
+        keeps_nonfinite: an inf or NaN anywhere in one worker's input always makes the reduced
+            output non-finite (casts, products). False where selection may drop it (top-k,
+            DGC, random-k...): the exchange then sends each worker's finiteness alongside.
     """
 
     summable: bool = False
     unbiased: bool = False
+    keeps_nonfinite: bool = False
     registry_name: str = ""  # set by @register
 
     def applies_to(self, shape: tf.TensorShape) -> bool:
@@ -195,6 +199,7 @@ class Identity(Compressor):
     """No compression: the dense tensor is the payload (summable)."""
 
     summable = True
+    keeps_nonfinite = True
     unbiased = True
 
     def compress(self, x, state, step, rank=0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.arguments import check_int, check_number
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
@@ -32,16 +33,13 @@ class DGC(Compressor):
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, clip_norm: float | None = None,
                  warmup_steps: int = 0, warmup_ratios=(0.25, 0.0625, 0.015625, 0.004)):
         self.ratio = check_ratio(ratio)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={momentum!r}")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"`clip_norm` must be > 0 or None. Received: clip_norm={clip_norm!r}")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(
-                f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
-        self.momentum = float(momentum)
-        self.clip_norm = clip_norm
-        self.warmup_steps = warmup_steps
+        self.momentum = check_number("momentum", momentum, 0, 1, high_open=True)
+        self.clip_norm = (None if clip_norm is None
+                          else check_number("clip_norm", clip_norm, 0, low_open=True))
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
+        if not isinstance(warmup_ratios, (list, tuple)) or len(warmup_ratios) > 64:
+            raise ValueError("`warmup_ratios` must be a list of at most 64 shares in (0, 1]. "
+                             f"Received: warmup_ratios={warmup_ratios!r:.80}")
         self.warmup_ratios = tuple(check_ratio(r, "warmup_ratios") for r in warmup_ratios)
 
     def phases(self) -> list[tuple[int, DGC]]:

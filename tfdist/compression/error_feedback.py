@@ -29,6 +29,7 @@ class ErrorFeedback(Compressor):
                 "ErrorFeedback.")
         self.inner = inner
         self.summable = inner.summable
+        self.keeps_nonfinite = inner.keeps_nonfinite
 
     def applies_to(self, shape):
         return self.inner.applies_to(shape)
@@ -55,4 +56,7 @@ class ErrorFeedback(Compressor):
 
     @classmethod
     def from_config(cls, config):
+        if set(config) != {"inner"}:
+            raise ValueError("Error feedback takes one argument, `inner` (a compressor or its "
+                             f"config). Received: {sorted(config)}")
         return cls(get(config["inner"]))

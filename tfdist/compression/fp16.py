@@ -9,6 +9,7 @@ from tfdist.compression.base import Compressor, register
 
 class _Cast(Compressor):
     summable = True
+    keeps_nonfinite = True
     wire_dtype: tf.DType
 
     def compress(self, x, state, step, rank=0):

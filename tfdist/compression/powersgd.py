@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.comm import fused_all_reduce
 from tfdist.compression.base import Compressor, register, stateless_seed
 
@@ -50,20 +51,17 @@ class PowerSGD(Compressor):
     """
 
     summable = True
+    keeps_nonfinite = True  # P = M Q: a non-finite M makes P, then everything, non-finite
     has_error_feedback = True
 
     def __init__(self, rank: int = 2, warm_start: bool = True, min_compression_rate: float = 2.0,
                  seed: int = 0, eps: float = 1e-8):
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"`rank` must be an integer >= 1. Received: rank={rank!r}")
-        if not min_compression_rate > 0:
-            raise ValueError("`min_compression_rate` must be > 0. "
-                             f"Received: min_compression_rate={min_compression_rate!r}")
-        self.rank = rank
-        self.warm_start = bool(warm_start)
-        self.min_compression_rate = float(min_compression_rate)
-        self.seed = int(seed)
-        self.eps = float(eps)
+        self.rank = check_int("rank", rank, 1, 2**16)
+        self.warm_start = check_bool("warm_start", warm_start)
+        self.min_compression_rate = check_number("min_compression_rate", min_compression_rate, 0,
+                                                 low_open=True)
+        self.seed = check_int("seed", seed, 0, 2**31 - 1)
+        self.eps = check_number("eps", eps, 0, 1, low_open=True)
 
     def applies_to(self, shape):
         if len(shape) < 2:

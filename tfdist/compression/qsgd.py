@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdist.arguments import check_int
 from tfdist.compression import packing
 from tfdist.compression.base import Compressor, register, stateless_seed
 
@@ -34,13 +35,9 @@ class QSGD(Compressor):
     unbiased = True
 
     def __init__(self, levels: int = 8, bucket_size: int = 512, seed: int = 0):
-        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 32767:
-            raise ValueError(f"`levels` must be an integer in [1, 32767]. Received: levels={levels!r}")
-        if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1:
-            raise ValueError(f"`bucket_size` must be an integer >= 1. Received: bucket_size={bucket_size!r}")
-        self.levels = levels
-        self.bucket_size = bucket_size
-        self.seed = int(seed)
+        self.levels = check_int("levels", levels, 1, 32767)
+        self.bucket_size = check_int("bucket_size", bucket_size, 1, 2**24)
+        self.seed = check_int("seed", seed, 0, 2**31 - 1)
 
     def level_values(self) -> np.ndarray:
         """The quantization points in [0, 1], increasing, starting at 0 and ending at 1."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.arguments import check_bool, check_int
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
@@ -28,8 +29,8 @@ class RandomK(Compressor):
 
     def __init__(self, ratio: float, seed: int = 0, scale: bool = True):
         self.ratio = check_ratio(ratio)
-        self.seed = int(seed)
-        self.scale = bool(scale)
+        self.seed = check_int("seed", seed, 0, 2**31 - 1)
+        self.scale = check_bool("scale", scale)
 
     def init_state(self, shape, dtype, seed=0):
         return {"tensor_seed": tf.constant(seed, tf.int64)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.arguments import check_int
 from tfdist.compression import packing
 from tfdist.compression.base import Compressor, register, stateless_seed
 
@@ -20,7 +21,7 @@ class TernGrad(Compressor):
     unbiased = True
 
     def __init__(self, seed: int = 0):
-        self.seed = int(seed)
+        self.seed = check_int("seed", seed, 0, 2**31 - 1)
 
     def init_state(self, shape, dtype, seed=0):
         return {"tensor_seed": tf.constant(seed, tf.int64)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.arguments import check_number
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
 from tfdist.compression.topk import scatter
 
@@ -22,9 +23,7 @@ class Threshold(Compressor):
     """
 
     def __init__(self, threshold: float, max_ratio: float = 0.01):
-        if not threshold > 0:
-            raise ValueError(f"`threshold` must be > 0. Received: threshold={threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = check_number("threshold", threshold, 0, low_open=True)
         self.max_ratio = check_ratio(max_ratio, "max_ratio")
 
     def compress(self, x, state, step, rank=0):

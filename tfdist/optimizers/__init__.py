@@ -2,7 +2,7 @@
 
 * `DistributedOptimizer(inner, *parts, ...)`: the wrapper, on any engine;
 * the parts: `GradientExchange` (dense or compressed), `Accumulation`, `LocalSGD`,
-  `TrackNorms`, `DynamicLossScaling` (from `loss_scale`);
+  `TrackNorms`, `DynamicLossScaling` (from `loss_scale`), `NanPolicy` (from `nan_policy`);
 * `Chain` and `chain_of(optimizer)`: the parts and counters behind any tfdist optimizer (also a
   Keras optimizer a tfdist strategy attached to).
 """
@@ -13,9 +13,10 @@ from tfdist.optimizers.distributed import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD
 from tfdist.optimizers.loss_scaling import DynamicLossScaling
+from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part, StepContext, Traffic
 
 __all__ = ["Accumulation", "Chain", "DistributedOptimizer", "DynamicLossScaling",
-           "GradientExchange", "LocalSGD", "Part", "StepContext", "TrackNorms", "Traffic",
-           "chain_of"]
+           "GradientExchange", "LocalSGD", "NanPolicy", "Part", "StepContext", "TrackNorms",
+           "Traffic", "chain_of"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.comm.engine import check_int
+from tfdist.arguments import check_bool, check_int
 from tfdist.optimizers.parts import Part
 
 
@@ -27,7 +27,7 @@ class Accumulation(Part):
 
     def __init__(self, steps: int = 1, variable: bool = False):
         self.steps = check_int("accumulation_steps", steps, 1)
-        self.variable = bool(variable)
+        self.variable = check_bool("variable_accumulation", variable)
         self.buffers: list = []
 
     def build(self, owner, var_list, engine) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import count_apply, disable_gradient_all_reduce
+from tfdist.arguments import check_bool, check_choice, check_int, check_number
 from tfdist.averaging import optimizer_slots
 from tfdist.averaging import outer as outer_rules
 from tfdist.comm import Engine, get_engine
@@ -31,6 +32,7 @@ from tfdist.optimizers.chain import Chain
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD, schedule_from_config
 from tfdist.optimizers.loss_scaling import DynamicLossScaling
+from tfdist.optimizers.nan_policy import POLICIES, NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part
 
@@ -54,7 +56,7 @@ def parts_from_shortcuts(accumulation_steps: int = 1, variable_accumulation: boo
                                           compression_start_step, batched)]
     if accumulation_steps != 1 or isinstance(accumulation_steps, bool) or variable_accumulation:
         parts.append(Accumulation(accumulation_steps, variable_accumulation))
-    if track_norms:
+    if check_bool("track_norms", track_norms):
         parts.append(TrackNorms())
     rules = {name: value for name, value in (("slowmo", slowmo), ("sma", sma), ("outer", outer))
              if value is not None}
@@ -113,6 +115,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         dynamic_growth_steps: Finite steps before the scale doubles. Defaults to 2000.
         verify_model: All-gather a fingerprint of the model when the optimizer is built and raise
             a clear error on every worker if the workers' models differ. Defaults to True.
+        nan_policy: Without dynamic loss scaling: "raise" (the default) stops training with an
+            error naming the step and the ranks whose gradients were non-finite; "skip" skips
+            the step on every worker (see `tfdist.optimizers.NanPolicy`). With dynamic loss
+            scaling such steps are skipped and the scale lowered.
         engine: A `tfdist.comm.Engine` or its name ("distribute", "horovod", "local"); None
             (the default) resolves it when the optimizer is built.
         name: Optional name.
@@ -130,19 +136,22 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     """
 
     _tfdist_no_exchange = True  # a strategy must not attach parts to the wrapper itself
+    _checks_gradients = True  # ZeroOptimizer's sharded exchange checks them itself
 
     def __init__(self, inner_optimizer: keras.optimizers.Optimizer, *parts: Part,
                  loss_scale: str | None = "auto", initial_scale: float = 2.0**15,
                  dynamic_growth_steps: int = 2000, verify_model: bool = True,
-                 engine: Engine | str | None = None, name: str | None = None, **shortcuts):
+                 nan_policy: str = "raise", engine: Engine | str | None = None,
+                 name: str | None = None, **shortcuts):
         _check_inner(inner_optimizer)
         unknown = sorted(set(shortcuts) - set(SHORTCUTS))
         if unknown:
             raise TypeError(f"DistributedOptimizer got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; the shortcuts are {', '.join(SHORTCUTS)}.")
-        if loss_scale not in LOSS_SCALE_MODES:
-            raise ValueError(
-                f"`loss_scale` must be one of {LOSS_SCALE_MODES}. Received: loss_scale={loss_scale!r}")
+        check_choice("loss_scale", loss_scale, LOSS_SCALE_MODES)
+        check_number("initial_scale", initial_scale, 0, low_open=True)
+        check_int("dynamic_growth_steps", dynamic_growth_steps, 1)
+        check_bool("verify_model", verify_model)
         kinds = {p.position for p in parts if isinstance(p, Part)}
         # The shortcuts' default dense exchange yields to an exchange given as a part.
         all_parts = list(parts) + [
@@ -156,7 +165,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16")
         if dynamic:
-            all_parts.append(DynamicLossScaling())
+            all_parts.append(DynamicLossScaling())  # skips non-finite steps, lowers the scale
+        elif self._checks_gradients:
+            all_parts.append(NanPolicy(nan_policy))
+        elif nan_policy not in POLICIES:
+            raise ValueError(f"`nan_policy` must be one of {POLICIES}. Received: "
+                             f"nan_policy={nan_policy!r}")
         chain = Chain(all_parts, get_engine(engine))
         inner_scale_factor = inner_optimizer.loss_scale_factor
         super().__init__(inner_optimizer, initial_scale=initial_scale,
@@ -165,6 +179,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.loss_scale = loss_scale
         self.dynamic = dynamic
         self.verify_model = verify_model
+        self.nan_policy = nan_policy
         if not self.dynamic:
             # LossScaleOptimizer cleared it; without dynamic scaling the user's factor stands.
             self.inner_optimizer.loss_scale_factor = inner_scale_factor
@@ -326,6 +341,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "initial_scale": self.initial_scale,
             "dynamic_growth_steps": self.dynamic_growth_steps,
             "verify_model": self.verify_model,
+            "nan_policy": self.nan_policy,
             "parts": [{"class_name": type(p).__name__, "config": p.get_config()}
                       for p in self.chain.parts if type(p).__name__ in PARTS],
         }

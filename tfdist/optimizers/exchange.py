@@ -14,8 +14,9 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import compression
-from tfdist.comm.engine import check_int
+from tfdist.arguments import check_bool, check_int
 from tfdist.comm.holes import Holes
+from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part
 
 
@@ -46,8 +47,8 @@ class GradientExchange(Part):
         self.min_compress_size = check_int("min_compress_size", min_compress_size, 0)
         self.start_step = check_int("compression_start_step", start_step, 0)
         self.compressor = compression.get(compressor)
-        self.compress_1d = bool(compress_1d)
-        self.batched = bool(batched)
+        self.compress_1d = check_bool("compress_1d", compress_1d)
+        self.batched = check_bool("batched", batched)
         self.compression_state: dict[int, dict[str, Any]] = {}
 
     def build(self, owner, var_list, engine) -> None:
@@ -128,7 +129,18 @@ class GradientExchange(Part):
         dense = [j for j, st in enumerate(found) if st is None]
         packed = list(states)
         out: list[Any] = [None] * len(values)
-        for j, r in zip(dense, comm.all_reduce([values[j] for j in dense], op=op)):
+        # A compressor may drop a non-finite element (top-k and DGC select by comparisons that
+        # are false for NaN), so each worker then also sends, in the dense all-reduce it makes
+        # anyway, whether its compressed inputs were finite; one worker's NaN then makes the
+        # exchange's output NaN on every worker (and loss scaling / nan_policy see it).
+        flagged = not compressor.keeps_nonfinite
+        dense_values = [values[j] for j in dense]
+        if flagged:
+            dtype = dense_values[0].dtype if dense_values else tf.float32
+            bad = tf.logical_not(all_finite([values[j] for j in packed]))
+            dense_values.append(tf.reshape(tf.cast(bad, dtype), [1]))
+        dense_reduced = comm.all_reduce(dense_values, op=op) if dense_values else []
+        for j, r in zip(dense, dense_reduced):
             out[j] = r
         current = [{k: tf.convert_to_tensor(v) for k, v in states[j].items()} for j in packed]
         step = tf.cast(step, tf.int64)
@@ -139,11 +151,18 @@ class GradientExchange(Part):
             pairs = [compressor.reduce(values[j], s, step, comm, op=op)
                      for j, s in zip(packed, current)]
             reduced, new_states = [r for r, _ in pairs], [s for _, s in pairs]
+        if flagged:
+            poison = tf.where(dense_reduced[-1][0] > 0, float("nan"), 0.0)
+            reduced = [r + tf.cast(poison, r.dtype) for r in reduced]
+        # State moves on only if the whole exchange came out finite: the reduced values are the
+        # same on every worker, so one worker's inf/NaN (which a summed payload spreads, as
+        # PowerSGD's P does) leaves every worker's residuals, Q and buffers as they were.
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(r)) for r in reduced])
         for j, r, state, new in zip(packed, reduced, current, new_states):
             out[j] = r
             for k, v in new.items():
                 if v is not state[k]:
-                    states[j][k].assign(v)
+                    states[j][k].assign(tf.where(finite, v, state[k]))
         return out
 
     def get_config(self) -> dict[str, Any]:

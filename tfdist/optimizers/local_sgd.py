@@ -15,10 +15,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.arguments import check_bool, check_choice, check_int
 from tfdist.averaging import outer as outer_rules
 from tfdist.averaging.rounds import average, gossip
 from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule
-from tfdist.comm.engine import check_int
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.parts import Part
 
@@ -58,15 +58,15 @@ class LocalSGD(Part):
         if not isinstance(schedule, (PeriodicSchedule, HierarchicalSchedule)):
             raise ValueError("`local_sgd` must be a tfdist.averaging.PeriodicSchedule or "
                              f"HierarchicalSchedule. Received: local_sgd={schedule!r}")
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"`topology` must be one of {TOPOLOGIES}. Received: {topology!r}")
+        check_choice("topology", topology, TOPOLOGIES)
         outer = outer_rules.get(outer)
         if topology == "ring" and (outer is not None or isinstance(schedule, HierarchicalSchedule)):
             raise ValueError("Ring gossip averages with neighbours only: use topology='all' with "
                              "an outer rule (SlowMo, SMA) or a HierarchicalSchedule.")
         self.schedule, self.outer, self.topology = schedule, outer, topology
         self.levels = schedule if isinstance(schedule, HierarchicalSchedule) else None
-        self.average_optimizer_state = bool(average_optimizer_state)
+        self.average_optimizer_state = check_bool("average_optimizer_state",
+                                                  average_optimizer_state)
         self.also_averaged: list = []
         self.optimizer_state: Callable[[], list] = list  # set by the owner: its slot variables
         self._own: list = []
@@ -144,7 +144,8 @@ class LocalSGD(Part):
             first_local = tf.equal(step, self.schedule.warmup_steps)
             for anchor, var in zip(self._anchors, ctx.variables):  # the synced model
                 anchor.assign(tf.where(first_local, tf.convert_to_tensor(var), anchor))
-            ctx.apply(full([g * tf.cast(local_scale, g.dtype) for g in values]))
+            (ctx.apply_local or ctx.apply)(full([g * tf.cast(local_scale, g.dtype)
+                                                 for g in values]))
             since = self._since + 1
             self._since.assign(since)
             averaged = list(ctx.variables) + self.also_averaged + (
@@ -194,6 +195,10 @@ class LocalSGD(Part):
 
 
 def schedule_from_config(config: dict) -> PeriodicSchedule | HierarchicalSchedule:
-    if "hierarchical" in config:
-        return HierarchicalSchedule(**config["hierarchical"])
-    return PeriodicSchedule(**config.get("periodic", config))
+    try:
+        if "hierarchical" in config:
+            return HierarchicalSchedule(**config["hierarchical"])
+        return PeriodicSchedule(**config.get("periodic", config))
+    except (TypeError, AttributeError):
+        raise ValueError("`local_sgd` must be a schedule, or its config {'periodic': {'period': "
+                         f"...}}. Received: local_sgd={config!r:.80}") from None

@@ -46,7 +46,12 @@ class DynamicLossScaling(Part):
             # Per-replica tensors go through `args`, not closures (see Communicator.cond).
             ctx.comm.cond(finite, apply_finite, skip_non_finite, args=holes.values)
 
-        next(ctx.replace(apply=apply_if_finite), unscaled)
+        def apply_local(local):  # one replica's own gradients: no shared decision possible
+            (ctx.apply_local or apply)(
+                [None if g is None else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
+                 for g in local])
+
+        next(ctx.replace(apply=apply_if_finite, apply_local=apply_local), unscaled)
 
     def __repr__(self) -> str:
         return "DynamicLossScaling()"

@@ -42,9 +42,12 @@ class StepContext:
         engine: The engine the optimizer runs on.
         comm: The engine's communicator for this step (counting into `traffic`).
         variables: The variables the gradients belong to, in order.
-        apply: The end of the chain: `apply(grads)` updates `variables` (None entries skipped).
+        apply: The end of the chain: `apply(grads)` updates `variables` (None entries skipped)
+            from gradients that are the same on every replica (reduced).
         traffic: The optimizer's byte, call and round counters.
         owner: The Keras optimizer whose variables hold the parts' state.
+        apply_local: How a replica applies its own gradients (local SGD's local steps), where
+            a decision taken on them may differ between replicas; None: as `apply`.
     """
 
     engine: Engine
@@ -53,6 +56,7 @@ class StepContext:
     apply: Callable[[list], None]
     traffic: Traffic
     owner: Any
+    apply_local: Callable[[list], None] | None = None
 
     def index(self, variable) -> int:
         """The position of `variable` in the owner optimizer's variable list (state lookup)."""

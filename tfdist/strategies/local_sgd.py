@@ -20,7 +20,6 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist._hooks.distribute import advance_collective_keys
 from tfdist._hooks.optimizer import install_strategy_hooks
 from tfdist.averaging import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo, optimizer_slots
 from tfdist.comm import DistributeEngine
@@ -95,7 +94,6 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
                  host_size: int | None = None, average_optimizer_state: bool = False):
         self._init_local_sgd(period, warmup_steps, slowmo, topology, sma, intra_period,
                              host_size, average_optimizer_state)
-        advance_collective_keys()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
 

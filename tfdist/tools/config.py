@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,14 +34,24 @@ class Field:
     rule: str
     check: Callable[[Any], bool] = lambda v: True
     nullable: bool = False
+    convert: Callable[[Any], Any] = lambda v: v
 
 
-def _int(rule: str, check: Callable[[int], bool], default, nullable=False) -> Field:
-    return Field(default, (int,), rule, check, nullable)
+def _int(rule: str, check: Callable[[int], bool], default, nullable=False,
+         most: int = 2**31 - 1) -> Field:
+    """An integer meeting `check`, and at most `most` (no key needs more)."""
+    return Field(default, (int,), f"{rule} (at most {most:,})" if most != 2**31 - 1 else rule,
+                 lambda v: check(v) and v <= most, nullable)
 
 
-def _float(rule: str, check: Callable[[float], bool], default, nullable=False) -> Field:
-    return Field(default, (int, float), rule, check, nullable)
+def _float(rule: str, check: Callable[[float], bool], default, nullable=False,
+           most: float = 1e9) -> Field:
+    """A finite number meeting `check`, at most `most`; integers are taken as floats."""
+    return Field(default, (int, float), f"{rule} (finite, at most {most:g})",
+                 lambda v: math.isfinite(v) and check(v) and v <= most, nullable, float)
+
+
+SEED = _int("an integer >= 0", lambda v: v >= 0, 0, most=2**32 - 1)
 
 
 def _choice(choices: tuple, default) -> Field:
@@ -48,9 +59,16 @@ def _choice(choices: tuple, default) -> Field:
                  f"one of {list(choices)}", lambda v: v in choices, None in choices)
 
 
-def _positive_ints(v) -> bool:
-    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i > 0
-                                       for i in v)
+def _positive_ints(v, most: int = 2**20, length: int = 64) -> bool:
+    return isinstance(v, list) and 0 < len(v) <= length and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 < i <= most for i in v)
+
+
+def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
+          nullable=False) -> Field:
+    """A string of at most 4,096 characters, without NUL."""
+    return Field(default, (str,), rule,
+                 lambda v: 0 < len(v) <= 4096 and "\0" not in v and check(v), nullable)
 
 
 # keras_multi_worker: the baseline tfdist is measured against, Keras' own gradient all-reduce
@@ -70,8 +88,8 @@ def _builtin_or_function(builtins: tuple[str, ...], default: str) -> Field:
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "name": _builtin_or_function(tuple(sorted(MODELS)), "cnn"),
-        "hidden": Field([64], (list,), "a list of positive integers (Dense widths)",
-                        _positive_ints),
+        "hidden": Field([64], (list,), "a list of 1 to 64 integers in [1, 1,048,576] (Dense "
+                        "widths)", _positive_ints),
         "options": Field({}, (dict,), "a mapping of keyword arguments for your own model "
                          "function"),
     },
@@ -79,42 +97,47 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name": _builtin_or_function(("digits", "synthetic"), "digits"),
         "options": Field({}, (dict,), "a mapping of keyword arguments for your own data "
                          "function"),
-        "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64),
+        "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64, most=2**24),
         "test_fraction": _float("a number in (0, 1)", lambda v: 0 < v < 1, 0.2),
-        "seed": _int("an integer", lambda v: True, 0),
-        "num_examples": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 4096),
-        "input_shape": Field([32], (list,), "a list of positive integers (synthetic data only)",
-                             _positive_ints),
+        "seed": SEED,
+        "num_examples": _int("an integer >= 2 (synthetic data only)", lambda v: v >= 2, 4096,
+                             most=10**8),
+        "input_shape": Field([32], (list,), "a list of 1 to 8 integers in [1, 65,536] "
+                             "(synthetic data only)",
+                             lambda v: _positive_ints(v, 2**16, 8) and math.prod(v) <= 10**8),
         "num_classes": _int("an integer >= 2 (synthetic data, and your own tf.data datasets)",
-                            lambda v: v >= 2, 10),
+                            lambda v: v >= 2, 10, most=10**6),
     },
     "engine": {
         "name": _choice(ENGINES, "mirrored"),
         "devices": _int("an integer >= 1 (logical CPU devices when there is no GPU)",
-                        lambda v: v >= 1, 2),
-        "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True),
+                        lambda v: v >= 1, 2, most=1024),
+        "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True,
+                                  most=10**7),
     },
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),
-        "learning_rate": _float("a number > 0", lambda v: v > 0, 0.002),
+        "learning_rate": _float("a number > 0", lambda v: v > 0, 0.002, most=1e6),
         "momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
-        "weight_decay": _float("a number >= 0", lambda v: v >= 0, 0.0),
-        "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1),
+        "weight_decay": _float("a number >= 0", lambda v: v >= 0, 0.0, most=1.0),
+        "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1, most=2**16),
+        "nan_policy": _choice(("raise", "skip"), "raise"),
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
         "scale_lr_by_workers": Field(False, (bool,), "true or false"),
-        "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0),
+        "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0, most=10**6),
         "zero_stage": _choice((None, 1, 2), None),
         "offload": _choice((None, "cpu", "disk"), None),
-        "offload_dir": Field(None, (str,), "an existing directory, or null (a temporary one)",
+        "offload_dir": _text("an existing directory, or null (a temporary one)", None,
                              nullable=True),
         "offload_budget_mb": _float("a number > 0 (MiB of state in host memory at once)",
-                                    lambda v: v > 0, 64),
+                                    lambda v: v > 0, 64, most=2**30),
     },
     "compression": {
         "name": _choice(tuple(sorted(COMPRESSORS)), "none"),
         "options": Field({}, (dict,), "a mapping of the compressor's arguments (e.g. ratio: 0.01)"),
         "error_feedback": Field(False, (bool,), "true or false"),
-        "min_size": _int("an integer >= 0 (smaller tensors are sent dense)", lambda v: v >= 0, 1024),
+        "min_size": _int("an integer >= 0 (smaller tensors are sent dense)", lambda v: v >= 0,
+                         1024),
         "compress_1d": Field(False, (bool,), "true or false"),
         "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
         "batched": Field(True, (bool,), "true (all compressed tensors of an exchange in as few "
@@ -135,22 +158,25 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "average_optimizer_state": Field(False, (bool,), "true or false"),
     },
     "train": {
-        "epochs": _int("an integer >= 1", lambda v: v >= 1, 15),
+        "epochs": _int("an integer >= 1", lambda v: v >= 1, 15, most=10**6),
         "steps_per_epoch": _int("an integer >= 1, or null (one pass over the data)",
-                                lambda v: v >= 1, None, nullable=True),
-        "seed": _int("an integer", lambda v: True, 0),
+                                lambda v: v >= 1, None, nullable=True, most=10**9),
+        "seed": SEED,
         "precision": _choice(PRECISIONS, "float32"),
-        "output_dir": Field("runs/default", (str,), "a directory path (runs go in directories "
-                            "inside it)"),
-        "run_name": Field(None, (str,), "a directory name (no '/'), or null for the run's start "
-                          "time", lambda v: bool(v) and "/" not in v and v not in (".", ".."),
-                          nullable=True),
+        "output_dir": _text("a directory path (runs go in directories inside it)",
+                            "runs/default"),
+        "run_name": _text("a directory name (no '/'), or null for the run's start time", None,
+                          lambda v: "/" not in v and v not in (".", ".."), nullable=True),
         "save_model": Field(True, (bool,), "true or false (model.keras in the run directory)"),
-        "loss": Field("sparse_categorical_crossentropy", (str,), "a Keras loss name"),
+        "loss": _text("a Keras loss name", "sparse_categorical_crossentropy",
+                      lambda v: v.isidentifier()),
         "verbose": _int("0, 1 or 2, or null (a progress bar on a terminal, a line per epoch "
                         "otherwise)", lambda v: v in (0, 1, 2), None, nullable=True),
         "evaluate_each_epoch": Field(False, (bool,), "true or false (test accuracy after every "
                                      "epoch, logged with the training time so far)"),
+        "checkpoint_steps": _int("an integer >= 1 (steps between backups in "
+                                 "train.output_dir/backup; the same command resumes), or null",
+                                 lambda v: v >= 1, None, nullable=True, most=10**9),
     },
 }
 
@@ -181,7 +207,7 @@ def validate(raw: Any) -> dict[str, dict[str, Any]]:
         if values is None:
             continue
         if not isinstance(values, dict):
-            errors.append(f"{section}: must be a mapping of keys; got {values!r}")
+            errors.append(f"{section}: must be a mapping of keys; got {_show(values)}")
             continue
         for key, value in values.items():
             field = SCHEMA[section].get(key)
@@ -195,13 +221,32 @@ def validate(raw: Any) -> dict[str, dict[str, Any]]:
             ok_type = isinstance(value, field.types) and not (
                 isinstance(value, bool) and bool not in field.types)
             if not ok_type or not field.check(value):
-                errors.append(f"{name}: got {value!r}; must be {field.rule}")
+                errors.append(f"{name}: got {_show(value)}; must be {field.rule}")
                 continue
-            config[section][key] = value
-    errors += _cross_checks(config)
+            config[section][key] = field.convert(value)
+    if not errors:
+        errors += _cross_checks(config)
     if errors:
-        raise ConfigError("Invalid config:\n  " + "\n  ".join(errors))
+        shown = [_cut(e, 400) for e in errors[:MAX_ERRORS]]
+        more = len(errors) - len(shown)
+        raise ConfigError("Invalid config:\n  " + "\n  ".join(shown)
+                          + (f"\n  ... and {more} more" if more else ""))
     return config
+
+
+MAX_ERRORS = 20
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _show(value: Any) -> str:
+    """`repr(value)`, at most 80 characters: errors stay readable whatever the input."""
+    try:
+        return _cut(repr(value), 80)
+    except RecursionError:  # a self-referencing structure
+        return f"<a {type(value).__name__} that contains itself>"
 
 
 def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
@@ -315,18 +360,38 @@ def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:
     return errors
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML without aliases: a config has no use for them, and an alias bomb (a few lines that
+    expand to millions of nodes) must not reach the validation or its messages."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"YAML aliases (*name) are not allowed in a config (line "
+                              f"{mark.line + 1}); write the value out.")
+        return super().compose_node(parent, index)
+
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """`text` parsed as YAML (no aliases), or a ConfigError naming `where`."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {_cut(str(e), 400)}") from None
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """'section.key=value' -> (section, key, YAML-parsed value)."""
     path, sep, value = text.partition("=")
     section, dot, key = path.strip().partition(".")
     if not sep or not dot or not section or not key:
         raise ConfigError(
-            f"Override {text!r} must look like section.key=value (e.g. train.epochs=3).")
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"Override {text!r}: the value is not valid YAML ({e}).") from e
-    return section, key, parsed
+            f"Override {_cut(repr(text), 80)} must look like section.key=value (e.g. "
+            "train.epochs=3).")
+    return section, key, load_yaml(value, f"Override {_cut(repr(text), 80)}: the value")
 
 
 def configs_dir() -> Path:
@@ -340,10 +405,14 @@ def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{what.capitalize()} not found: {p}. Configs live in configs/.")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: {p.stat().st_size:,} bytes is not a {what} (at most "
+                          f"{MAX_CONFIG_BYTES:,}).")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p} is not a text file (a {what} is YAML text).") from None
+    raw = load_yaml(text, str(p)) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: a {what} must be a mapping of keys.")
     return raw

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import disable_gradient_all_reduce
+from tfdist.arguments import check_bool, check_int
 
 KINDS = ("cpu", "disk")
 DEFAULT_BUDGET = 64 * 2**20
@@ -52,9 +53,12 @@ class Offload:
 
     def __init__(self, kind: str = "cpu", directory: str | None = None,
                  budget_bytes: int = DEFAULT_BUDGET, measure_resident: bool = False):
-        if kind not in KINDS:
-            raise ValueError(f"`offload` must be one of {KINDS} or None. Received: {kind!r} "
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ValueError(f"`offload` must be one of {KINDS} or None. Received: {kind!r:.80} "
                              "(state on another accelerator is not an offload target).")
+        if directory is not None and not isinstance(directory, str):
+            raise ValueError(f"`directory` must be a path (a string) or None. "
+                             f"Received: directory={directory!r:.80}")
         if kind == "cpu" and directory is not None:
             raise ValueError("`directory` is for offload='disk'; offload='cpu' keeps the state "
                              f"in host memory. Received: directory={directory!r}")
@@ -64,14 +68,10 @@ class Offload:
                                  "(or pass directory=None for a temporary one).")
             if not os.access(directory, os.W_OK):
                 raise ValueError(f"Offload directory {directory!r} is not writable.")
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) \
-                or budget_bytes < 1024:
-            raise ValueError("`budget_bytes` must be an integer >= 1024. "
-                             f"Received: budget_bytes={budget_bytes!r}")
+        self.budget_bytes = check_int("budget_bytes", budget_bytes, 1024)
         self.kind = kind
         self.directory = directory
-        self.budget_bytes = budget_bytes
-        self.measure_resident = measure_resident
+        self.measure_resident = check_bool("measure_resident", measure_resident)
 
     @classmethod
     def parse(cls, value) -> Offload | None:
@@ -81,7 +81,10 @@ class Offload:
         if isinstance(value, str):
             return cls(value)
         if isinstance(value, dict):
-            return cls(**value)
+            try:
+                return cls(**value)
+            except TypeError as e:
+                raise ValueError(f"Bad `offload` config {value!r:.80}: {e}") from None
         raise ValueError(f"`offload` must be None, 'cpu', 'disk' or tfdist.zero.Offload(...). "
                          f"Received: {value!r}")
 
@@ -96,18 +99,23 @@ class _DiskStore:
     def __init__(self, slots: int, size: int, directory: str, tag: str, measure: bool):
         self.size = size
         self.nbytes = slots * size * _F32
-        free = shutil.disk_usage(directory).free
-        if free < self.nbytes:
-            raise ValueError(f"Offload directory {directory!r} has {free:,} bytes free; the "
-                             f"optimizer state needs {self.nbytes:,}.")
         self.directory = os.path.realpath(directory)
         self.paths = [os.path.join(self.directory, f"zero-{tag}-slot{k}.f32")
                       for k in range(slots)]
         self._own = set(self.paths)
-        for path in self.paths:
-            with open(path, "wb") as f:
-                f.truncate(size * _F32)  # zeros, allocated as written
         self._finalizer = weakref.finalize(self, _remove, list(self.paths))
+        for path in self.paths:
+            # Reserved, not sparse: a full disk fails here, with the bytes named, instead of a
+            # SIGBUS when a mapped page is first written.
+            with open(path, "wb") as f:
+                try:
+                    os.posix_fallocate(f.fileno(), 0, size * _F32)
+                except OSError as e:
+                    self._finalizer()
+                    raise OSError(e.errno, f"Offload directory {directory!r}: could not reserve "
+                                  f"{size * _F32:,} bytes for {path} ({e.strerror}); the "
+                                  f"optimizer state needs {self.nbytes:,} bytes per replica. "
+                                  "Free space there, or choose another directory.") from None
         self.measure = measure
         self.peak_resident_bytes = 0
 
@@ -212,6 +220,16 @@ class _ShardUpdater:
         return np.concatenate([value, np.zeros(self.chunk - len(value), np.float32)])
 
 
+def check_space(directory: str, needed: int, replicas: int) -> None:
+    """Raises (before any file is made) if `directory` cannot hold every replica's state."""
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise ValueError(f"Offload directory {directory!r} has {free:,} bytes free; the optimizer "
+                         f"state of this process's {replicas} replica(s) needs {needed:,} bytes. "
+                         "Free space there, choose another directory (Offload('disk', "
+                         "directory=...)), or offload to 'cpu'.")
+
+
 class OffloadedState:
     """The offloaded state of this process's replicas (one `_ShardUpdater` each).
 
@@ -230,6 +248,8 @@ class OffloadedState:
         self._pools = [concurrent.futures.ThreadPoolExecutor(1, f"tfdist-zero-offload-{r}")
                        for r in range(replicas)]
         self._num_slots = self._on(0, _count_slots, inner) if offload.kind == "disk" else 0
+        if offload.kind == "disk":
+            check_space(str(directory), replicas * self._num_slots * size * _F32, replicas)
         self.updaters = [self._on(r, self._make_updater, inner, r) for r in range(replicas)]
         weakref.finalize(self, _shutdown, list(self._pools))
 

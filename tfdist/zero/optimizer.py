@@ -30,9 +30,10 @@ import tensorflow as tf
 
 from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
 from tfdist._hooks.optimizer import replace_method
+from tfdist.arguments import check_int
 from tfdist.comm import resolve
-from tfdist.comm.engine import check_int
 from tfdist.optimizers import Accumulation, DistributedOptimizer
+from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part
 from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
@@ -76,8 +77,7 @@ class ZeroExchange(Part):
         self.zero = zero
 
     def step(self, ctx, grads, next) -> None:
-        shard = ctx.comm.reduce_scatter(self.zero.plan.flatten(grads), op="sum")
-        self.zero.apply_shard(ctx, shard)
+        self.zero.apply_shard(ctx, *self.zero.reduce_scatter_checked(ctx.comm, grads))
 
 
 class ShardedAccumulation(Accumulation):
@@ -88,17 +88,35 @@ class ShardedAccumulation(Accumulation):
         super().__init__(steps)
         self.zero = zero
 
+    def build(self, owner, var_list, engine) -> None:
+        # Non-finite counts of the pending micro-steps: every replica's, and this replica's own.
+        self._nonfinite, self._local_nonfinite = (
+            owner.add_variable(shape=(), dtype="float32", initializer="zeros",
+                               aggregation="none", name=name)
+            for name in ("zero_nonfinite", "zero_local_nonfinite"))
+        super().build(owner, var_list, engine)
+
+    def variables(self) -> list:
+        return [self._nonfinite, self._local_nonfinite, *super().variables()] \
+            if self.built else []
+
     def make_buffers(self, owner, var_list, engine) -> list:
         return [owner.add_variable(shape=(self.zero.plan.shard_size,), dtype="float32",
                                    aggregation="none", initializer="zeros",
                                    name="zero_gradient_shard")]
 
     def add(self, ctx, grads) -> None:
-        self.buffers[0].assign_add(
-            ctx.comm.reduce_scatter(self.zero.plan.flatten(grads), op="sum"))
+        shard, count, mine = self.zero.reduce_scatter_checked(ctx.comm, grads)
+        self.buffers[0].assign_add(shard)
+        self._nonfinite.assign_add(count)
+        self._local_nonfinite.assign_add(mine)
 
     def flush(self, ctx, present, next) -> None:
-        self.zero.apply_shard(ctx, self.buffers[0] / tf.cast(self._micro_steps, tf.float32))
+        self.zero.apply_shard(ctx, self.buffers[0] / tf.cast(self._micro_steps, tf.float32),
+                              tf.convert_to_tensor(self._nonfinite),
+                              tf.convert_to_tensor(self._local_nonfinite))
+        self._nonfinite.assign(0.0)
+        self._local_nonfinite.assign(0.0)
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -131,9 +149,11 @@ class ZeroOptimizer(DistributedOptimizer):
         ```
     """
 
+    _checks_gradients = False  # the sharded exchange checks them itself (apply_shard)
+
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
                  offload: Offload | str | dict | None = None, verify_model: bool = True,
-                 engine=None, name: str | None = None):
+                 nan_policy: str = "raise", engine=None, name: str | None = None):
         if isinstance(stage, bool) or stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}. Received: stage={stage!r}")
         _check_inner(inner_optimizer)
@@ -147,7 +167,7 @@ class ZeroOptimizer(DistributedOptimizer):
             parts.append(Accumulation(accumulation_steps) if stage == 1
                          else ShardedAccumulation(self, accumulation_steps))
         super().__init__(inner_optimizer, *parts, loss_scale=None, verify_model=verify_model,
-                         engine=engine, name=name)
+                         nan_policy=nan_policy, engine=engine, name=name)
         self.stage = stage
         self.offload = offload
 
@@ -164,6 +184,8 @@ class ZeroOptimizer(DistributedOptimizer):
         size = self.plan.shard_size
         # Counters, then the sharded variables last: a deferred tf.train.Checkpoint restore
         # matches variables by position as they are created, and the sharded ones are hidden.
+        self._skipped = self.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                          aggregation="none", name="nonfinite_steps_skipped")
         self.chain.build(self, var_list)
         self._shard = None
         self.offloaded = None
@@ -202,24 +224,55 @@ class ZeroOptimizer(DistributedOptimizer):
         return out
 
     # -- the step ------------------------------------------------------------------------------
-    def apply_shard(self, ctx, grad_shard) -> None:
+    def reduce_scatter_checked(self, comm, grads):
+        """Reduce-scatters the flattened gradients with one more element per shard: whether this
+        replica's gradients were non-finite, so every replica learns how many were. Returns
+        (this replica's gradient shard, that count, this replica's own flag)."""
+        n, size = self.plan.world_size, self.plan.shard_size
+        mine = tf.cast(tf.logical_not(all_finite(grads)), tf.float32)
+        flat = tf.reshape(self.plan.flatten(grads), [n, size])
+        chunk = comm.reduce_scatter(tf.reshape(tf.concat([flat, tf.fill([n, 1], mine)], 1), [-1]),
+                                    op="sum")
+        return chunk[:size], chunk[size], mine
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for non-finite gradients (nan_policy="skip")."""
+        return int(self._skipped.numpy()) if self.built else 0
+
+    def apply_shard(self, ctx, grad_shard, nonfinite, mine) -> None:
         """Updates this replica's parameter shard from its reduced gradient shard and all-gathers
-        the updated shards into the model's variables."""
+        the updated shards into the model's variables, if no replica's gradients were
+        non-finite (`nonfinite`, the same on every replica); else applies `nan_policy`."""
         variables, comm = ctx.variables, ctx.comm
-        own = self.plan.shard(self.plan.flatten([tf.convert_to_tensor(v) for v in variables]),
-                              comm.rank)
-        if self.offloaded is not None:
-            inner = self.inner_optimizer
-            updated = self.offloaded.update(comm.rank, inner.iterations, inner.learning_rate,
-                                            grad_shard, own)
-            inner.iterations.assign_add(1)
-        else:
-            self._shard.assign(own)  # the model's current values (set_weights, loading) win
-            self.inner_optimizer.apply([grad_shard], [self._shard])
-            updated = tf.convert_to_tensor(self._shard)
-        full = comm.all_gather(updated)
-        for var, value in zip(variables, self.plan.unflatten(full)):
-            var.assign(tf.cast(value, var.dtype))
+
+        def update(grad_shard, mine):
+            own = self.plan.shard(self.plan.flatten([tf.convert_to_tensor(v) for v in variables]),
+                                  comm.rank)
+            if self.offloaded is not None:
+                inner = self.inner_optimizer
+                updated = self.offloaded.update(comm.rank, inner.iterations, inner.learning_rate,
+                                                grad_shard, own)
+                inner.iterations.assign_add(1)
+            else:
+                self._shard.assign(own)  # the model's current values (set_weights, loading) win
+                self.inner_optimizer.apply([grad_shard], [self._shard])
+                updated = tf.convert_to_tensor(self._shard)
+            full = comm.all_gather(updated)
+            for var, value in zip(variables, self.plan.unflatten(full)):
+                var.assign(tf.cast(value, var.dtype))
+
+        def reject(grad_shard, mine):  # every replica is here: no state moves
+            if self.nan_policy == "raise":
+                (ranks,) = comm.all_reduce(
+                    [tf.one_hot(tf.cast(comm.rank, tf.int32), comm.world_size) * mine])
+                tf.debugging.Assert(tf.constant(False), [
+                    "tfdist: non-finite gradients at optimizer step", self.inner_optimizer.iterations,
+                    "; ranks whose own gradients were non-finite (1 = yes):", ranks,
+                    "; nan_policy='skip' skips such steps instead"], summarize=comm.world_size)
+            self._skipped.assign_add(1)
+
+        comm.cond(tf.equal(nonfinite, 0.0), update, reject, args=[grad_shard, mine])
         ctx.traffic.add_round()
 
     # -- checkpoints: consolidated, re-sharded on load -------------------------------------------
@@ -325,7 +378,8 @@ class ZeroOptimizer(DistributedOptimizer):
 
     # tf.train.Checkpoint's entry: the inner optimizer's variables in the layout of its Keras
     # checkpoint (scalars, then each state slot consolidated) and, stage 2, the gradient shard.
-    _GRADIENT_SHARD = "gradient_shard/"
+    # (no "/" in the key: tf.train.Checkpoint escapes it one way on save, another on restore)
+    _GRADIENT_SHARD = "gradient_shard_"
 
     def _save_consolidated(self) -> dict:
         store: dict = {}
@@ -392,7 +446,7 @@ class ZeroOptimizer(DistributedOptimizer):
                 "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "stage": self.stage, "accumulation_steps": self.accumulation_steps,
                 "offload": None if self.offload is None else self.offload.get_config(),
-                "verify_model": self.verify_model}
+                "verify_model": self.verify_model, "nan_policy": self.nan_policy}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

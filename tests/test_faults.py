@@ -1,0 +1,139 @@
+"""Faults inside a step: a non-finite gradient on one worker never reaches any state on any
+worker (weights, error-feedback residuals, PowerSGD's Q, ZeRO shards); it is skipped (loss
+scaling, or nan_policy="skip") or stops training with an error naming the step and the rank."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.workers import common
+
+BATCH = 64
+BAD_STEP = 3  # the global batch whose replica-1 slice holds a NaN
+
+
+def _poisoned_digits():
+    """The digits set with one NaN pixel in replica 1's half of global batch BAD_STEP."""
+    x, y = common.load_digits()
+    x = x.copy()
+    x[BAD_STEP * BATCH + BATCH // 2 + 5, 3, 3, 0] = np.nan
+    return x, y
+
+
+class AllFinite(keras.callbacks.Callback):
+    """Checks every optimizer variable (every replica's copy) and weight after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.bad_steps: list[int] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        variables = [*self.model.optimizer.variables, *self.model.variables]
+        values = [c.numpy() for v in variables for c in tfdist.comm.replica_copies(v)]
+        if not all(np.all(np.isfinite(a)) for a in values if a.dtype.kind == "f"):
+            self.bad_steps.append(batch)
+
+
+def _fit(strategy, optimizer, x, y, steps, epochs=1, callbacks=()):
+    with strategy.scope():
+        model = common.make_model(hidden=(64,))
+        model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    history = model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=epochs,
+                        steps_per_epoch=steps, verbose=0, callbacks=list(callbacks))
+    return model, history
+
+
+def test_powersgd_under_mixed_float16_survives_a_nan_on_one_worker(mirrored):
+    """The P all-reduce spreads one worker's NaN to every worker: before, every Q and residual
+    became NaN and every later step was skipped (accuracy 0.29). Now the step is skipped on
+    every worker, the state is kept, and training goes on to the accuracy of a clean run."""
+    x, y = _poisoned_digits()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        finite = AllFinite()
+        model, history = _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(
+            keras.optimizers.Adam(2e-3), compressor=tfdist.compression.PowerSGD(rank=2)),
+            x, y, steps=22, epochs=4, callbacks=[finite])
+        clean, _ = _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(
+            keras.optimizers.Adam(2e-3), compressor=tfdist.compression.PowerSGD(rank=2)),
+            *common.load_digits(), steps=22, epochs=4)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert finite.bad_steps == []
+    # Halved once per epoch more than a clean run's (22 steps cover the set, so each epoch
+    # meets the NaN once), not driven towards zero.
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    assert scale >= float(clean.optimizer.dynamic_scale.numpy()) / 2**4
+    xt, yt = common.load_digits("test")
+    accuracy = np.mean(np.argmax(model.predict(xt, verbose=0), 1) == yt)
+    reference = np.mean(np.argmax(clean.predict(xt, verbose=0), 1) == yt)
+    assert accuracy >= reference - 0.02 and accuracy > 0.8  # the NaN run reached 0.29
+
+
+def test_float32_nan_stops_training_naming_the_step_and_rank(mirrored):
+    x, y = _poisoned_digits()
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+             x, y, steps=6)
+    message = str(error.value)
+    assert "non-finite gradients at optimizer step" in message
+    assert f"] [{BAD_STEP}]" in message  # the step
+    assert "[0 1]" in message  # rank 1's own gradients were non-finite, rank 0's not
+
+
+# Every compressor, selecting ones included: top-k and DGC select by comparisons that are false
+# for NaN and would drop the one non-finite row of the first kernel's gradient (ReLU(NaN) is 0
+# here, so the loss stays finite and only the pixel's row of weights sees the NaN).
+COMPRESSORS = [None, "fp16", "bf16", {"name": "topk", "ratio": 0.1, "error_feedback": True},
+               {"name": "randomk", "ratio": 0.1}, {"name": "dgc", "ratio": 0.01},
+               {"name": "threshold", "threshold": 0.01}, "qsgd", "nuqsgd", "terngrad",
+               "signsgd", {"name": "onebit"}, {"name": "powersgd", "rank": 2}]
+
+
+@pytest.mark.parametrize("compressor", COMPRESSORS,
+                         ids=lambda c: str(c if not isinstance(c, dict) else c["name"]))
+def test_float32_nan_policy_skip_skips_the_step_on_every_replica(mirrored, compressor):
+    x, y = _poisoned_digits()
+    finite = AllFinite()
+    model, _ = _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), compressor=compressor, nan_policy="skip",
+        min_compress_size=64), x, y, steps=6, callbacks=[finite])
+    assert finite.bad_steps == []
+    assert tfdist.optimizers.chain_of(model.optimizer).part(
+        tfdist.optimizers.NanPolicy).skipped_steps == 1
+    # Skipped on both replicas (rank 0's finite slice did not move its copy alone).
+    replicas = [[c.numpy() for c in tfdist.comm.replica_copies(v)] for v in model.variables]
+    assert all(np.array_equal(copies[0], copies[1]) for copies in replicas)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_skips_or_stops_together(mirrored, stage):
+    x, y = _poisoned_digits()
+    finite = AllFinite()
+    model, _ = _fit(mirrored(2), lambda: tfdist.ZeroOptimizer(
+        keras.optimizers.Adam(1e-2), stage=stage, nan_policy="skip"), x, y, steps=6,
+        callbacks=[finite])
+    assert finite.bad_steps == [] and model.optimizer.skipped_steps == 1
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"non-finite gradients"):
+        _fit(mirrored(2), lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=stage),
+             x, y, steps=6)
+
+
+def test_a_local_sgd_local_step_with_a_nan_raises(mirrored):
+    x, y = _poisoned_digits()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"non-finite local gradients"):
+        _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(
+            keras.optimizers.SGD(0.05), local_sgd=tfdist.averaging.PeriodicSchedule(4)),
+            x, y, steps=6)
+
+
+def test_nan_policy_is_validated():
+    with pytest.raises(ValueError, match="nan_policy='ignore'"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD(), nan_policy="ignore")
+    with pytest.raises(ValueError, match="nan_policy='sometimes'"):
+        tfdist.ZeroOptimizer(keras.optimizers.SGD(), nan_policy="sometimes")

@@ -1,0 +1,106 @@
+"""`NanPolicy`: what a step does with non-finite gradients when no loss scaling decides.
+
+Under `mixed_float16` the loss scaling part skips such steps (and lowers the scale). In float32
+a NaN or inf gradient would otherwise reach the weights, while the loss Keras reports can stay
+finite. The check runs on the *reduced* gradients, the same on every worker, so every worker
+takes the same decision; on failure the workers all-reduce a flag per rank (in the failing
+branch only: no cost while gradients are finite), so the error names the ranks whose own
+gradients were non-finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist.comm.holes import Holes
+from tfdist.optimizers.parts import Part
+
+POLICIES = ("raise", "skip")
+
+
+def all_finite(tensors) -> tf.Tensor:
+    tensors = [t for t in tensors if t is not None]
+    if not tensors:
+        return tf.constant(True)
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
+class NanPolicy(Part):
+    """Non-finite gradients stop training with an error (`"raise"`, the default) or skip the
+    step on every worker (`"skip"`; counted in `skipped_steps`).
+
+    The error names the optimizer step and, per rank, whether its own gradients were
+    non-finite. A local SGD local step (each replica on its own gradients) checks that
+    replica's gradients alone: `"raise"` raises on it, `"skip"` applies zeros in place of its
+    non-finite gradients.
+
+    Args:
+        policy: "raise" or "skip". Defaults to "raise".
+    """
+
+    position = 5
+
+    def __init__(self, policy: str = "raise"):
+        if policy not in POLICIES:
+            raise ValueError(f"`nan_policy` must be one of {POLICIES}. Received: "
+                             f"nan_policy={policy!r}")
+        self.policy = policy
+
+    def build(self, owner, var_list, engine) -> None:
+        self._skipped = owner.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                           aggregation="none", name="nonfinite_steps_skipped")
+        self.built = True
+
+    def variables(self) -> list:
+        return [self._skipped] if self.built else []
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(self._skipped.numpy()) if self.built else 0
+
+    def step(self, ctx, grads, next) -> None:
+        comm, policy = ctx.comm, self.policy
+        n = comm.world_size
+        mine = tf.one_hot(tf.cast(comm.rank, tf.int32), n) * tf.cast(
+            tf.logical_not(all_finite(grads)), tf.float32)  # this replica's flag, in its slot
+        step = tf.convert_to_tensor(ctx.owner.iterations)
+        apply = ctx.apply
+
+        def checked(reduced):
+            holes = Holes(reduced)
+
+            def finite(*args):
+                apply(holes.refill(args[:-1]))
+
+            def non_finite(*args):
+                (ranks,) = comm.all_reduce([args[-1]])  # every worker is in this branch
+                if policy == "raise":
+                    tf.debugging.Assert(tf.constant(False), [
+                        "tfdist: non-finite gradients at optimizer step", step,
+                        "; ranks whose own gradients were non-finite (1 = yes):", ranks,
+                        "; nan_policy='skip' (or loss scaling) skips such steps instead"],
+                        summarize=n)
+                self._skipped.assign_add(1)
+
+            comm.cond(all_finite(holes.values), finite, non_finite, args=[*holes.values, mine])
+
+        def checked_local(local):
+            ok = all_finite(local)
+            if policy == "raise":
+                tf.debugging.Assert(ok, ["tfdist: non-finite local gradients at optimizer step",
+                                         step, "on replica", comm.rank])
+                (ctx.apply_local or apply)(local)
+            else:
+                (ctx.apply_local or apply)(
+                    [None if g is None else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
+                     for g in local])
+
+        next(ctx.replace(apply=checked, apply_local=checked_local), grads)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"policy": self.policy}
+
+    def __repr__(self) -> str:
+        return f"NanPolicy({self.policy!r})"

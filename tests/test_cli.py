@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT, horovod_available, worker_env
@@ -181,17 +182,38 @@ def test_a_missing_user_function_is_named(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.horovod
-@pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")
-def test_train_on_two_horovod_ranks(tmp_path):
-    result = run_horovod(
-        [*TFDIST, "train", "--set", "engine.name=horovod", "--set", "train.epochs=2",
-         "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
-         "--set", "train.run_name=run", "--set", "train.verbose=0"], 2, 300, env=worker_env())
-    assert result.returncode == 0, result.output[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["engine"] == "horovod" and summary["test_accuracy"] > 0.7
+def test_the_dense_job_trains_on_the_same_batches_on_every_engine(tmp_path):
+    """The sequence of global batches is a pure function of (seed, epoch), shuffled: one
+    device, 2 devices, 2 TF_CONFIG workers and 2 Horovod ranks end with the same weights (plain
+    Keras gives one device and MirroredStrategy the same weights too)."""
+    import keras
 
+    def job(engine):
+        return [*TFDIST, "train", "--set", f"engine.name={engine}", "--set", "train.epochs=2",
+                "--set", "model.name=mlp", "--set", f"train.output_dir={tmp_path}",
+                "--set", f"train.run_name={engine}", "--set", "train.verbose=0"]
+
+    for engine in ("single", "mirrored"):
+        out = subprocess.run(job(engine), capture_output=True, text=True, cwd=ROOT,
+                             env=worker_env(), timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    workers = run_tf_workers(job("multi_worker"), 2, 300, env=worker_env())
+    assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
+    engines = ["single", "mirrored", "multi_worker"]
+    if horovod_available():
+        result = run_horovod(job("horovod"), 2, 300, env=worker_env())
+        assert result.returncode == 0, result.output[-3000:]
+        engines.append("horovod")
+    weights = {}
+    for engine in engines:
+        summary = json.loads((tmp_path / engine / "summary.json").read_text())
+        assert summary["engine"] == engine and summary["test_accuracy"] > 0.7
+        assert summary["world_size"] == (1 if engine == "single" else 2)
+        model = keras.saving.load_model(tmp_path / engine / "model.keras", compile=False)
+        weights[engine] = model.get_weights()
+    for engine in engines[1:]:
+        for a, b in zip(weights["single"], weights[engine], strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=engine)
 
 
 @pytest.mark.multiprocess

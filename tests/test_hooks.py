@@ -11,6 +11,7 @@ from tfdist._hooks import checkpoint as checkpoint_hooks
 from tfdist._hooks import distribute as distribute_hooks
 from tfdist._hooks import optimizer as _keras_hooks
 from tfdist._hooks import profiler as profiler_hooks
+from tfdist._hooks import training as training_hooks
 from tfdist.comm import DistributeEngine
 from tfdist.strategies import new_mirrored_strategy
 
@@ -83,19 +84,30 @@ def test_engine_cond_runs_collectives_in_a_branch(mirrored):
     assert [float(v.numpy()) for v in strategy.experimental_local_results(total)] == [8.0, 10.0]
 
 
-def test_collective_key_base_hook_lets_strategies_coexist():
-    assert hasattr(tf.distribute.MirroredStrategy, distribute_hooks.KEY_BASE_ATTRIBUTE)
-    results = []
-    for dtype in (tf.float32, tf.int64):
-        s = new_mirrored_strategy(["/cpu:0", "/cpu:1"])
+def test_every_mirrored_strategy_gets_collective_keys_of_its_own():
+    """Two plain tf.distribute.MirroredStrategy objects in one process (after `import tfdist`):
+    a float all-reduce on the first, then an int64 gather on the second. Without fresh keys TF
+    aborts: "Collective instance 100 expected type 0 and data_type 1 but got type 2"."""
+    distribute_hooks.fresh_collective_keys()  # idempotent; tfdist's import installed it
+    assert isinstance(vars(tf.distribute.MirroredStrategy)[distribute_hooks.KEY_BASE_ATTRIBUTE],
+                      distribute_hooks._FreshKeyBase)
+    first = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    second = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert first.extended._collective_key_base != second.extended._collective_key_base
 
-        @tf.function
-        def gather(s=s, dtype=dtype):
-            return s.run(lambda: tf.distribute.get_replica_context().all_gather(
-                tf.ones([1], dtype), axis=0))
+    @tf.function
+    def reduce():
+        return first.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.ones([1], tf.float32)))
 
-        results.append(s.experimental_local_results(gather())[0].numpy().tolist())
-    assert results == [[1.0, 1.0], [1, 1]]
+    @tf.function
+    def gather():
+        return second.run(lambda: tf.distribute.get_replica_context().all_gather(
+            tf.ones([1], tf.int64), axis=0))
+
+    assert first.experimental_local_results(reduce())[0].numpy().tolist() == [2.0]
+    assert second.experimental_local_results(gather())[0].numpy().tolist() == [1, 1]
+    assert isinstance(new_mirrored_strategy(["/cpu:0"]), tf.distribute.MirroredStrategy)
 
 
 def test_checkpoint_hooks_hide_objects_and_compute_an_entry(tmp_path):
@@ -168,3 +180,26 @@ def test_instance_patches_bypass_keras_tracking_and_place_slots():
     opt.build([var])
     slots = [v for v in opt.variables if tuple(v.shape) == (2,)]
     assert slots and all(v.value.device.endswith("CPU:1") for v in slots)
+
+
+def test_set_initial_epoch_makes_fit_start_there():
+    x = tf.zeros([8, 3])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    epochs = []
+
+    class Start(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            training_hooks.set_initial_epoch(self.model, 2)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            epochs.append(epoch)
+
+    model.fit(x, tf.zeros([8, 1]), epochs=4, verbose=0, callbacks=[Start()])
+    assert epochs == [2, 3]
+    training_hooks.set_initial_epoch(model, None)
+    epochs.clear()
+    model.fit(x, tf.zeros([8, 1]), epochs=2, verbose=0,
+              callbacks=[keras.callbacks.LambdaCallback(
+                  on_epoch_begin=lambda epoch, logs: epochs.append(epoch))])
+    assert epochs == [0, 1]

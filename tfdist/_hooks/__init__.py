@@ -6,5 +6,6 @@ keras 3.15.x.
   indices, instance patches, slot placement);
 * `distribute`: tf.distribute internals (collective keys, the merge-call query);
 * `checkpoint`: checkpoint entries computed at save time, objects hidden from a checkpoint;
-* `profiler`: where and when a function's ops ran (run metadata, the profiler's trace).
+* `profiler`: where and when a function's ops ran (run metadata, the profiler's trace);
+* `training`: Keras `fit` internals (the epoch a resumed `fit` starts from).
 """

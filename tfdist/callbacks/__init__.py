@@ -2,6 +2,7 @@
 
 from tfdist.callbacks.accordion import Accordion, critical_regimes
 from tfdist.callbacks.averaging_period import AveragingPeriodSchedule, adacomm_period
+from tfdist.callbacks.backup import BackupAndRestore
 from tfdist.callbacks.checkpoint import ModelCheckpoint
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
@@ -10,6 +11,7 @@ from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
 __all__ = [
     "Accordion",
     "AveragingPeriodSchedule",
+    "BackupAndRestore",
     "CommunicationStats",
     "LearningRateWarmup",
     "ModelCheckpoint",

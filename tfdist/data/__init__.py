@@ -1,10 +1,13 @@
-"""Data: the embedded digits set, synthetic generators, and per-worker sharding."""
+"""Data: the embedded digits set, synthetic generators, per-worker sharding, and the sequence of
+global batches as a pure function of (seed, epoch), resumable at any batch."""
 
 from tfdist.data.datasets import (
     distribute,
     distribute_batches,
+    epoch_order,
     global_batches,
     load_digits,
+    resume,
     shard_batches,
     synthetic_classification,
 )
@@ -12,8 +15,10 @@ from tfdist.data.datasets import (
 __all__ = [
     "distribute",
     "distribute_batches",
+    "epoch_order",
     "global_batches",
     "load_digits",
+    "resume",
     "shard_batches",
     "synthetic_classification",
 ]

@@ -3,14 +3,15 @@
 The embedded default is the UCI optical-digits set (1,797 8x8 grey images of hand-written digits,
 10 classes; Alpaydin & Kaynak 1998, CC BY 4.0), stored in `digits.npz` beside this module.
 
-Sharding is per global batch: all workers draw the same shuffled sequence of global batches, and
-worker i of n takes slice i of each. One step of n workers therefore sees exactly the examples of
-one global batch, whatever the engine, which is what makes "N workers == one worker on the
-global batch" testable.
+Sharding is per global batch: all workers draw the same sequence of global batches (a pure
+function of the seed and the epoch), and worker i of n takes slice i of each. One step of n
+workers therefore sees exactly the examples of one global batch, whatever the engine, which is
+what makes "N workers == one worker on the global batch" testable.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,19 +60,87 @@ def synthetic_classification(
     return x, y
 
 
+def epoch_order(num_examples: int, seed: int, epoch, shuffle: bool = True) -> tf.Tensor:
+    """The example order of data epoch `epoch`: a stateless shuffle seeded by (seed, epoch), so
+    a pure function of its arguments (the same in any process, graph or engine)."""
+    order = tf.range(num_examples, dtype=tf.int64)
+    if not shuffle:
+        return order
+    seeds = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.experimental.stateless_shuffle(order, seed=seeds)
+
+
 def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = True,
-                   repeat: bool = True) -> tf.data.Dataset:
-    """Batches of `global_batch_size`, the same sequence on every worker (same seed)."""
-    if global_batch_size < 1 or global_batch_size > len(y):
+                   repeat: bool = True, start: int | Callable[[], int] = 0) -> tf.data.Dataset:
+    """Batches of `global_batch_size`, the same sequence on every worker and engine.
+
+    The sequence is a pure function of (seed, epoch): data epoch e is the examples in the order
+    `epoch_order(n, seed, e)`, cut into n // global_batch_size batches (the remainder dropped).
+    One device, N devices, N TF_CONFIG workers and N Horovod ranks therefore train on the same
+    global batches, and a resumed job continues the same sequence.
+
+    Args:
+        x, y: Examples and labels (arrays of the same length).
+        global_batch_size: Examples per global batch, in [1, len(y)].
+        seed: Seed of the shuffle (an int >= 0).
+        shuffle: Shuffle each epoch (else the stored order). Defaults to True.
+        repeat: Run epoch after epoch forever (else up to the end of the epoch `start` is in).
+        start: Global batches of the sequence to skip: an int, or a callable returning one,
+            called whenever an iterator is created (`tfdist.callbacks.BackupAndRestore
+            .data_start` resumes where a backup left off).
+    """
+    n = len(y)
+    if len(x) != n:
+        raise ValueError(f"`x` and `y` must have the same length. Received: {len(x)} and {n}")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
+            or not 1 <= global_batch_size <= n:
         raise ValueError(
-            f"`global_batch_size` must be in [1, {len(y)}] (the number of examples). "
-            f"Received: global_batch_size={global_batch_size}"
+            f"`global_batch_size` must be in [1, {n}] (the number of examples). "
+            f"Received: global_batch_size={global_batch_size!r}"
         )
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
-    if shuffle:
-        ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(global_batch_size, drop_remainder=True)
-    return ds.repeat() if repeat else ds
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"`seed` must be an int >= 0. Received: seed={seed!r}")
+    per_epoch = n // global_batch_size
+    xs, ys = tf.constant(x), tf.constant(y)
+
+    def sequence(first):
+        first_epoch = first // per_epoch
+        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max if repeat else first_epoch + 1)
+        batches = epochs.flat_map(lambda e: tf.data.Dataset.from_tensor_slices(tf.reshape(
+            epoch_order(n, seed, e, shuffle)[:per_epoch * global_batch_size],
+            [per_epoch, global_batch_size])))
+        return batches.skip(first - first_epoch * per_epoch)
+
+    if callable(start):
+        def first_batch():
+            yield _check_start(start())
+        origin = tf.data.Dataset.from_generator(
+            first_batch, output_signature=tf.TensorSpec((), tf.int64))
+    else:
+        origin = tf.data.Dataset.from_tensors(tf.constant(_check_start(start), tf.int64))
+    return origin.flat_map(sequence).map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+
+
+def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.Dataset:
+    """`dataset` from element `start` on, for datasets that are not tfdist's own: `start` is an
+    int or a callable (`BackupAndRestore.data_start`) called whenever an iterator is created.
+    The skipped elements are read and dropped, so the dataset must give the same sequence
+    every time (a fixed shuffle seed)."""
+    if not callable(start):
+        return dataset.skip(_check_start(start))
+
+    def first():
+        yield _check_start(start())
+
+    return tf.data.Dataset.from_generator(first, output_signature=tf.TensorSpec(
+        (), tf.int64)).flat_map(dataset.skip)
+
+
+def _check_start(start) -> int:
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+        raise ValueError(f"`start` must be an int >= 0 (global batches to skip). "
+                         f"Received: start={start!r}")
+    return int(start)
 
 
 def shard_batches(batches: tf.data.Dataset, index: int, count: int) -> tf.data.Dataset:
@@ -89,14 +158,15 @@ def shard_batches(batches: tf.data.Dataset, index: int, count: int) -> tf.data.D
 
 
 def distribute(strategy: tf.distribute.Strategy, x, y, global_batch_size: int, seed: int = 0,
-               shuffle: bool = True, repeat: bool = True):
-    """A distributed dataset in which replica r of R gets slice r of each global batch.
+               shuffle: bool = True, repeat: bool = True, start: int | Callable[[], int] = 0):
+    """A distributed dataset in which replica r of R gets slice r of each global batch of
+    `global_batches(x, y, global_batch_size, seed, shuffle, repeat, start)`.
 
     Works for MirroredStrategy (one input pipeline feeding several replicas) and multi-worker
     strategies (one pipeline per worker). Pass the result to `fit` with `steps_per_epoch`.
     """
     return distribute_batches(strategy, lambda: global_batches(
-        x, y, global_batch_size, seed=seed, shuffle=shuffle, repeat=repeat))
+        x, y, global_batch_size, seed=seed, shuffle=shuffle, repeat=repeat, start=start))
 
 
 def distribute_batches(strategy: tf.distribute.Strategy, make_batches):

@@ -33,12 +33,19 @@ import yaml
 
 import tfdist
 from tfdist import compression
-from tfdist.callbacks import CommunicationStats, LearningRateWarmup, ScalarLog, StepTimer
+from tfdist.callbacks import (
+    BackupAndRestore,
+    CommunicationStats,
+    LearningRateWarmup,
+    ScalarLog,
+    StepTimer,
+)
 from tfdist.comm import DistributeEngine, Engine, LocalEngine, ring_bytes
 from tfdist.data import (
     distribute_batches,
     global_batches,
     load_digits,
+    resume,
     shard_batches,
     synthetic_classification,
 )
@@ -49,6 +56,7 @@ from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
 
 SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
+BACKUP, RUN_FILE = "backup", "run"  # train.output_dir/backup/run: the run being backed up
 
 
 @dataclass
@@ -98,8 +106,13 @@ def make_job(config: dict[str, Any]) -> Job:
 # -- the run directory -----------------------------------------------------------------------------
 def run_directory(config: dict[str, Any]) -> Path:
     """Where the run's files go: `train.output_dir` / `train.run_name` (default: the start time,
-    with a suffix if taken). A name that holds a finished run is refused."""
+    with a suffix if taken). A name that holds a finished run is refused. With
+    `train.checkpoint_steps`, an unfinished run backed up in `train.output_dir/backup` is
+    continued in its own directory."""
     parent = Path(config["train"]["output_dir"])
+    unfinished = backed_up_run(config)
+    if unfinished is not None:
+        return unfinished
     name = config["train"]["run_name"]
     if name is not None:
         path = parent / name
@@ -114,6 +127,19 @@ def run_directory(config: dict[str, Any]) -> Path:
         n += 1
         path = parent / f"{stamp}-{n}"
     return path
+
+
+def backed_up_run(config: dict[str, Any]) -> Path | None:
+    """The unfinished run whose backups `train.output_dir/backup` holds, if any (and if
+    `train.checkpoint_steps` is set)."""
+    if not config["train"]["checkpoint_steps"]:
+        return None
+    record = Path(config["train"]["output_dir"]) / BACKUP / RUN_FILE
+    try:
+        path = Path(record.read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None if (path / SUMMARY).exists() or not path.name else path
 
 
 class RunFiles:
@@ -189,13 +215,14 @@ class Data:
         n = int(self.train.cardinality())
         return n if n >= 0 else None
 
-    def global_batches(self, batch_size: int, seed: int) -> tf.data.Dataset:
-        """The sequence of global batches every worker draws alike (same seed), repeated; a
-        dataset of your own keeps its own order."""
+    def global_batches(self, batch_size: int, seed: int, start=0) -> tf.data.Dataset:
+        """The sequence of global batches every worker draws alike (a pure function of the
+        seed and the epoch), repeated, from global batch `start` on; a dataset of your own
+        keeps its own order."""
         if self.arrays:
             x, y = self.train
-            return global_batches(x, y, batch_size, seed=seed)
-        return self.train.batch(batch_size, drop_remainder=True).repeat()
+            return global_batches(x, y, batch_size, seed=seed, start=start)
+        return resume(self.train.batch(batch_size, drop_remainder=True).repeat(), start)
 
     def test_batches(self):
         if self.arrays:
@@ -315,6 +342,20 @@ class EpochEvaluation(keras.callbacks.Callback):
             print(EVAL_TAG + json.dumps(record), flush=True)
 
 
+class BatchCounter(keras.callbacks.Callback):
+    """Global batches trained on in each epoch (steps x steps_per_execution)."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches_per_epoch: list[int] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.batches_per_epoch.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches_per_epoch[-1] = batch + 1
+
+
 def _verbosity(config: dict[str, Any], job: Job, progress: bool) -> int:
     """Keras' progress bar on a terminal, one line per epoch otherwise (logs, the launcher)."""
     if not (job.is_chief and progress):
@@ -328,7 +369,7 @@ def _verbosity(config: dict[str, Any], job: Job, progress: bool) -> int:
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Trains as `config` says; returns the run summary, which the chief also writes, with the
     model and the config, to the run directory (`summary["run_dir"]`)."""
-    start = time.time()
+    started = time.time()
     run_dir = run_directory(config)
     job = make_job(config)
     files = RunFiles(run_dir, job.is_chief)
@@ -367,8 +408,11 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     if not steps:
         raise ConfigError("train.steps_per_epoch: the training dataset's size is unknown; set "
                           "train.steps_per_epoch.")
-    batches = data.global_batches(micro_batch, data_cfg["seed"])
     callbacks: list[keras.callbacks.Callback] = []
+    backup, start = _backup(config, run_dir, job)
+    if backup is not None:
+        callbacks.append(backup)
+    batches = data.global_batches(micro_batch, data_cfg["seed"], start)
     if job.name == "horovod":
         import tfdist.horovod as thvd
 
@@ -378,13 +422,13 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
     elif job.strategy is not None:
         dataset = distribute_batches(job.strategy, lambda: data.global_batches(
-            micro_batch, data_cfg["seed"]))
+            micro_batch, data_cfg["seed"], start))
         if warmup:
             callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"]))
     else:
         dataset = batches
-    timer = StepTimer()
-    callbacks.append(timer)
+    timer, counter = StepTimer(), BatchCounter()
+    callbacks += [timer, counter]
     counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
     if counted:
         callbacks.append(CommunicationStats())
@@ -398,7 +442,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
                         verbose=_verbosity(config, job, progress), callbacks=callbacks)
-    train_seconds = time.time() - start
+    train_seconds = time.time() - started
 
     test_accuracy = accuracy(model, data.test_batches())
     total_steps = steps * config["train"]["epochs"]
@@ -441,16 +485,41 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
         "epoch_log": evaluation.log if evaluation else None,
+        # Global batches the run resumed after (train.checkpoint_steps), or None; the
+        # examples trained on in each epoch, all workers, across restarts.
+        "resumed_from_step": (backup.restored["consumed"]
+                              if backup is not None and backup.restored else None),
+        "examples_per_epoch": [b * micro_batch for b in (
+            backup.batches_per_epoch if backup is not None else counter.batches_per_epoch)],
         "model_path": str(run_dir / MODEL) if model_path is not None else None,
         "versions": {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": platform.python_version()},
         "config": config,
     }
     files.finish(summary)
+    if backup is not None and job.is_chief:
+        (backup_dir := Path(backup.directory)).joinpath(RUN_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            backup_dir.rmdir()  # the last process out removes it
     if job.is_chief:
         summary["summary_path"] = str(run_dir / SUMMARY)
     keras.config.set_dtype_policy("float32")
     return summary
+
+
+def _backup(config: dict[str, Any], run_dir: Path, job: Job):
+    """(BackupAndRestore, the data start) with train.checkpoint_steps, else (None, 0)."""
+    every = config["train"]["checkpoint_steps"]
+    if not every:
+        return None, 0
+    directory = Path(config["train"]["output_dir"]) / BACKUP
+    if job.is_chief:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / RUN_FILE).write_text(str(run_dir))
+    # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
+    backup = BackupAndRestore(directory, save_freq=every,
+                              elastic=os.environ.get("TFDIST_ELASTIC") == "1")
+    return backup, backup.data_start
 
 
 def _test_examples(data: Data) -> int:

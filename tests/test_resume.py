@@ -1,0 +1,292 @@
+"""Exact resume from any step (`tfdist.callbacks.BackupAndRestore`): a run stopped after any step
+and started again ends with the weights, every replica's state and the data position of a run
+never stopped; the data sequence is the same on every engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.conftest import ROOT, worker_env
+from tests.workers import common
+from tfdist.tools import launch
+
+BATCH, STEPS, EPOCHS = 32, 6, 3
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfter(keras.callbacks.Callback):
+    """Stops the process's training as a kill would: after global step `step`, by raising."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            raise Crash
+
+
+def every_copy(model):
+    variables = [*model.variables, *model.optimizer.variables]
+    return [c.numpy() for v in variables for c in tfdist.comm.replica_copies(v)]
+
+
+OPTIMIZERS = {
+    "dense": lambda: tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
+    "ef_topk": lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), compressor={
+            "name": "topk", "ratio": 0.05, "error_feedback": True}, min_compress_size=64),
+    "powersgd": lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), compressor={"name": "powersgd", "rank": 2}),
+    "local_sgd": lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), local_sgd=tfdist.averaging.PeriodicSchedule(4)),
+    "zero2": lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=2,
+                                          accumulation_steps=2),
+}
+
+
+def _run(strategy, optimizer, directory=None, crash=None, save_freq=4, hidden=(32,)):
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model(hidden=hidden)
+        model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    callbacks, start = [], 0
+    if directory is not None:
+        backup = tfdist.callbacks.BackupAndRestore(directory, save_freq=save_freq)
+        callbacks.append(backup)
+        start = backup.data_start
+    if crash is not None:
+        callbacks.append(CrashAfter(crash))
+    # Prefetched: the start is read when the iterator is made, not at the first batch read.
+    data = tfdist.data.distribute_batches(strategy, lambda: tfdist.data.global_batches(
+        x, y, BATCH, seed=3, start=start).prefetch(2))
+    try:
+        history = model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
+                            callbacks=callbacks)
+    except Crash:
+        return model, None
+    return model, history
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_stopped_run_resumes_to_the_weights_of_one_never_stopped(mirrored, tmp_path, name):
+    """Stopped mid-epoch (after step 9 of 18; last backup at step 8), run again: every replica's
+    copy of every variable equals the uninterrupted run's, and so do the epochs' losses."""
+    straight, history = _run(mirrored(2), OPTIMIZERS[name])
+    _, crashed = _run(mirrored(2), OPTIMIZERS[name], tmp_path / "backup", crash=9)
+    assert crashed is None
+    resumed, rest = _run(mirrored(2), OPTIMIZERS[name], tmp_path / "backup")
+    for a, b in zip(every_copy(straight), every_copy(resumed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # The resumed run did epochs 1 and 2 (epoch 1 from its 3rd step, metrics restored).
+    np.testing.assert_allclose(rest.history["loss"], history.history["loss"][1:], rtol=1e-5)
+    assert not (tmp_path / "backup").exists()  # removed after a normal end
+
+
+
+def test_the_batch_sequence_is_a_pure_function_of_seed_and_epoch(mirrored):
+    """Eager, in a strategy's input pipeline, from any start: the same global batches."""
+    x, y = common.load_digits()
+    first = [b[1].numpy() for b in tfdist.data.global_batches(x, y, 64, seed=5).take(50)]
+    assert len({tuple(b) for b in first}) == 50  # epochs differ (44 batches per epoch here)
+    assert not np.array_equal(first[0], first[44])
+    resumed = [b[1].numpy() for b in tfdist.data.global_batches(x, y, 64, seed=5,
+                                                                start=lambda: 30).take(20)]
+    assert all(np.array_equal(a, b) for a, b in zip(first[30:], resumed, strict=True))
+    strategy = mirrored(2)
+    data = iter(tfdist.data.distribute(strategy, x, y, 64, seed=5, start=7))
+    for expected in first[7:10]:
+        halves = strategy.experimental_local_results(next(data)[1])
+        np.testing.assert_array_equal(np.concatenate([h.numpy() for h in halves]), expected)
+    with pytest.raises(ValueError, match=r"`start` must be an int >= 0.*start=-1"):
+        tfdist.data.global_batches(x, y, 64, start=-1)
+    with pytest.raises(ValueError, match=r"`seed` must be an int >= 0"):
+        tfdist.data.global_batches(x, y, 64, seed=1.5)
+
+
+def test_backups_refuse_another_model_and_bad_arguments(mirrored, tmp_path):
+    _run(mirrored(2), OPTIMIZERS["dense"], tmp_path / "backup", crash=5)
+    with pytest.raises(ValueError, match=r"does not fit this optimizer: it holds \d+ optimizer "
+                                         r"variables, this optimizer has \d+"):
+        _run(mirrored(2), OPTIMIZERS["ef_topk"], tmp_path / "backup")
+    with pytest.raises(ValueError, match=r"variable .* was saved as float32\[64, 32\] on 2 "
+                                         r"replica\(s\); here .* on 1"):
+        _run(mirrored(1), OPTIMIZERS["dense"], tmp_path / "backup")
+    for bad in ({"save_freq": 0}, {"save_freq": "step"}, {"keep": 1}):
+        with pytest.raises(ValueError, match=f"`{next(iter(bad))}` must be"):
+            tfdist.callbacks.BackupAndRestore(tmp_path, **bad)
+
+
+def test_a_full_disk_stops_training_with_the_last_backup_intact(mirrored, small_filesystem):
+    """The second backup does not fit: training stops with an error naming the step and the
+    intact backup, which resumes."""
+    directory = small_filesystem / "backup"
+    with pytest.raises(OSError, match=r"could not write the backup of step 8 .* The last "
+                                      r"complete backup, step 4, is intact"):
+        _run(mirrored(2), lambda: tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
+             directory, save_freq=4, hidden=(16,))
+    assert sorted(p.name for p in (directory / "process-0").iterdir()) == ["step-4"]
+
+# -- kill -9 of a 2-worker TF_CONFIG job, through `tfdist train` ----------------------------------
+JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
+       "--set", "train.epochs=3", "--set", "train.steps_per_epoch=12",
+       "--set", "train.checkpoint_steps=4", "--set", "data.global_batch_size=32"]
+JOBS = {"local_sgd": ["--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0.9",
+                      "--set", "optimizer.learning_rate=0.05", "--set", "averaging.period=3"],
+        "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"]}
+
+
+def _train_command(output_dir, name):
+    return [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *JOBS[name],
+            "--set", f"train.output_dir={output_dir}"]
+
+
+def _kill_when_backed_up(command, output_dir, step, timeout=240):
+    """Starts the 2 workers, SIGKILLs both once both have completed the backup of `step`."""
+    ports = launch.free_ports(2)
+    procs = [subprocess.Popen(command, env={**worker_env(), "TF_CONFIG": launch.tf_config(i, ports)},
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for i in range(2)]
+    done = [output_dir / "backup" / f"process-{i}" / f"step-{step}" / "meta.json" for i in (0, 1)]
+    deadline = time.monotonic() + timeout
+    try:
+        while not all(p.exists() for p in done):
+            assert all(p.poll() is None for p in procs), "a worker ended before the kill"
+            assert time.monotonic() < deadline, "no backup in time"
+            time.sleep(0.01)
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return [p.returncode for p in procs]
+
+
+def _final_weights(output_dir):
+    (summary,) = output_dir.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", list(JOBS))
+def test_kill_9_of_two_workers_then_the_same_command_equals_a_run_never_stopped(tmp_path, name):
+    """The backups every 4 steps; the kill lands a random number of steps after the backup of
+    step 8 or 16 (the steps take 30 ms); the same command again resumes the run in its own
+    directory and ends with the uninterrupted run's weights."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    straight = launch.run_tf_workers(_train_command(tmp_path / "straight", name), 2, 300,
+                                     env=worker_env())
+    assert [r.returncode for r in straight] == [0, 0], straight[0].output[-3000:]
+    killed_at = random.choice([8, 16])
+    codes = _kill_when_backed_up(_train_command(tmp_path / "resumed", name), tmp_path / "resumed",
+                                 killed_at)
+    assert codes == [-signal.SIGKILL] * 2
+    again = launch.run_tf_workers(_train_command(tmp_path / "resumed", name), 2, 300,
+                                  env=worker_env())
+    assert [r.returncode for r in again] == [0, 0], again[0].output[-3000:]
+    summary, resumed = _final_weights(tmp_path / "resumed")
+    _, reference = _final_weights(tmp_path / "straight")
+    assert summary["resumed_from_step"] >= killed_at
+    for a, b in zip(reference, resumed, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not (tmp_path / "resumed" / "backup").exists()
+
+
+# -- elastic: 3 workers, one SIGKILLed, the launcher finishes on 2 ----------------------------------
+def _pid_of_worker(marker: str, index: int) -> int | None:
+    """The pid of the TF_CONFIG worker `index` whose command line holds `marker`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        config = env.get(b"TF_CONFIG")
+        if config and json.loads(config)["task"]["index"] == index:
+            return int(entry)
+    return None
+
+
+ELASTIC_JOB = ["--set", "engine.name=multi_worker",
+               "--set", "model.name=tests.workers.slow_model:build",
+               "--set", "train.epochs=3", "--set", "train.steps_per_epoch=12",
+               "--set", "train.checkpoint_steps=4", "--set", "data.global_batch_size=48"]
+
+
+@pytest.mark.multiprocess
+def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example(tmp_path):
+    """Worker 1 of 3 is SIGKILLed after the backup of step 16 (mid-epoch 1); the launcher
+    reports the signal, restarts on 2 workers, which resume the backup (re-sharded global
+    batches: same sequence) and finish: exit 0, every epoch trained on as many examples as an
+    uninterrupted run, and (dense synchronous training) the same weights."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    def command(out):
+        return [sys.executable, "-m", "tfdist.launch", "--elastic", "--workers", "3",
+                "--min-workers", "2", "--timeout", "400", "--", sys.executable, "-m",
+                "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
+
+    straight = subprocess.run(command(tmp_path / "straight"), capture_output=True, text=True,
+                              cwd=ROOT, env=worker_env(), timeout=450)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    launcher = subprocess.Popen(command(tmp_path / "elastic"), cwd=ROOT, env=worker_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        backup = tmp_path / "elastic" / "backup" / "process-1" / "step-16" / "meta.json"
+        deadline = time.monotonic() + 300
+        while not backup.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(_pid_of_worker(str(tmp_path / "elastic"), 1), signal.SIGKILL)
+        out, err = launcher.communicate(timeout=400)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "[launch] worker 1 was killed by SIGKILL (signal 9)" in err
+    assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers (restart 1 of 3)" in err
+    summary, weights = _final_weights(tmp_path / "elastic")
+    reference_summary, reference = _final_weights(tmp_path / "straight")
+    assert summary["world_size"] == 2 and reference_summary["world_size"] == 3
+    assert summary["resumed_from_step"] >= 16
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    assert not (tmp_path / "elastic" / "backup").exists()
+
+
+def test_the_launcher_names_a_missing_command_and_a_signal(capsys):
+    assert launch.main(["--workers", "1", "--", "/nonexistent/command"]) == 127
+    assert "[launch] cannot run '/nonexistent/command': No such file or directory" in \
+        capsys.readouterr().err
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert launch.main(["--workers", "1", "--", sys.executable, "-c", code]) == 128 + 9
+    assert "worker 0 was killed by SIGKILL (signal 9)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.main(["--elastic", "--workers", "2", "--min-workers", "3", "--", "true"])
+    assert "--min-workers must be in [1, --workers=2]" in capsys.readouterr().err

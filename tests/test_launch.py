@@ -116,3 +116,15 @@ def test_horovodrun_helpers_build_gloo_hostfile_and_elastic_commands(tmp_path, c
     with pytest.raises(SystemExit):
         main(["--horovod", "--", *train])  # no -np
     assert "--horovod needs -np" in capsys.readouterr().err
+
+
+def test_the_workers_lost_are_the_killed_or_first_failed_not_their_peers():
+    from tfdist.tools.launch import WorkerResult, lost_workers
+
+    peers_failed = [WorkerResult(0, 1, "", 10.5), WorkerResult(1, -9, "", 10.0),
+                    WorkerResult(2, 1, "", 10.4)]
+    assert [r.rank for r in lost_workers(peers_failed)] == [1]
+    first_failed = [WorkerResult(0, 1, "", 13.0), WorkerResult(1, 2, "", 10.0),
+                    WorkerResult(2, None, "")]
+    assert [r.rank for r in lost_workers(first_failed)] == [1]
+    assert lost_workers([WorkerResult(0, 0, "", 1.0), WorkerResult(1, None, "")]) == []

@@ -5,6 +5,7 @@ Used by the test rig and by `python -m tfdist.launch`:
     python -m tfdist.launch --workers 2 -- tfdist train --set engine.name=multi_worker
     python -m tfdist.launch --hosts node1:2,node2:2 -- .venv/bin/tfdist train ...
     python -m tfdist.launch --hostfile hosts.txt --port 23456 -- .venv/bin/tfdist train ...
+    python -m tfdist.launch --elastic --workers 3 --min-workers 2 -- tfdist train ...
     python -m tfdist.launch --horovod -np 4 --hostfile hosts.txt -- python train.py
     python -m tfdist.launch --horovod -np 4 --min-np 2 --max-np 8 \
         --host-discovery-script ./discover_hosts.sh -- python train.py      # elastic Horovod
@@ -16,6 +17,13 @@ machine start directly, the others through ssh (`--ssh`, default `ssh -tt -o Bat
 so closing the session stops the remote worker) in the same working directory. Output is
 streamed with a `[worker i]` prefix; if one worker fails, the others are stopped; the exit code
 is the first failure's (or 0). Every local process runs in its own process group, killed on exit.
+
+Elastic (`--elastic --workers N [--min-workers A] [--max-restarts R]`): when workers fail (a
+crash, a kill, the OOM killer), the launcher stops the others and starts the job again on the
+workers left, with TF_CONFIG rewritten and TFDIST_ELASTIC=1, so `tfdist train` (with
+`train.checkpoint_steps`) resumes its last backup at the new size. A worker killed by a signal is
+reported as such (`worker 1 was killed by SIGKILL (signal 9)`, exit code 128 + N); a command that
+does not exist is reported in one line (exit code 127).
 
 Horovod: `--horovod` builds the `horovodrun` command (Gloo by default, `--mpi` for MPI; hosts
 from `--hosts`/`--hostfile`; the elastic flags passed through), prints it and runs it under the
@@ -45,8 +53,33 @@ from pathlib import Path
 @dataclass
 class WorkerResult:
     rank: int
-    returncode: int | None  # None: killed at the timeout or because another worker failed
+    # None: stopped by the launcher (the timeout, or another worker failed); -N: killed by
+    # signal N from elsewhere (the OOM killer, kill -9); else the exit status.
+    returncode: int | None
     output: str
+    ended_at: float | None = None  # time.monotonic() when it was seen to end by itself
+
+    def describe(self) -> str:
+        """What happened to the worker, for the launcher's report."""
+        if self.returncode is None:
+            return "was stopped"
+        if self.returncode < 0:
+            number = -self.returncode
+            with contextlib.suppress(ValueError):
+                return f"was killed by {signal.Signals(number).name} (signal {number})"
+            return f"was killed by signal {number}"
+        return f"exited with {self.returncode}"
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's number for it: the status, or 128 + the signal."""
+        if self.returncode is None:
+            return 1
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+class CommandNotFound(OSError):
+    pass
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -112,12 +145,17 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
     procs: list[subprocess.Popen] = []
     sinks: list[list[str]] = []
     threads = []
+    stopped: set[int] = set()
+    ended: dict[int, float] = {}
     try:
         for rank, (argv, env) in enumerate(commands):
-            proc = subprocess.Popen(
-                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
+            except (FileNotFoundError, PermissionError) as e:
+                raise CommandNotFound(e.errno, f"cannot run {argv[0]!r}: {e.strerror}") from None
             procs.append(proc)
             sinks.append([])
             t = threading.Thread(target=_pump, args=(proc, rank, sinks[-1], echo, on_line),
@@ -128,6 +166,9 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         failed_at = None
         while time.monotonic() < deadline:
             codes = [p.poll() for p in procs]
+            for i, c in enumerate(codes):
+                if c is not None:
+                    ended.setdefault(i, time.monotonic())
             if all(c is not None for c in codes):
                 break
             if stop_on_failure and failed_at is None and any(c not in (None, 0) for c in codes):
@@ -136,15 +177,65 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                 break
             time.sleep(0.1)
     finally:
+        stopped = {i for i, p in enumerate(procs) if p.poll() is None}
         for p in procs:
             _kill_group(p)
         for t in threads:
             t.join(5)
-    killed = {i for i, p in enumerate(procs) if p.returncode is not None and p.returncode < 0}
     return [
-        WorkerResult(i, None if i in killed else p.returncode, "".join(sinks[i]))
+        WorkerResult(i, None if i in stopped else p.returncode, "".join(sinks[i]), ended.get(i))
         for i, p in enumerate(procs)
     ]
+
+
+def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
+    """The workers whose failure stopped the job, not those that failed because of it: those
+    killed by a signal, else the first to fail (and any within a second of it)."""
+    failed = [r for r in results if r.returncode not in (0, None)]
+    killed = [r for r in failed if r.returncode is not None and r.returncode < 0]
+    if killed or not failed:
+        return killed
+    first = min(r.ended_at or 0.0 for r in failed)
+    return [r for r in failed if (r.ended_at or 0.0) <= first + 1.0]
+
+
+def run_elastic(argv: list[str], workers: int, min_workers: int, max_restarts: int,
+                timeout: float, echo: bool = True) -> int:
+    """Runs `argv` as `workers` local TF_CONFIG workers; when workers fail, stops the others
+    and starts the job again on the workers left (at least `min_workers`, at most
+    `max_restarts` times), with TF_CONFIG rewritten for the new set and TFDIST_ELASTIC=1 (so
+    `tfdist train` resumes its backup at the new size). Returns the exit code."""
+    if not 1 <= min_workers <= workers:
+        raise ValueError(f"--min-workers must be in [1, --workers={workers}]. "
+                         f"Received: {min_workers}")
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0. Received: {max_restarts}")
+    deadline = time.monotonic() + timeout
+    env = {**os.environ, "TFDIST_ELASTIC": "1"}
+    size, restarts = workers, 0
+    while True:
+        results = run_processes(host_commands(argv, [("127.0.0.1", size)], env=env),
+                                max(1.0, deadline - time.monotonic()), echo=echo)
+        report(results)
+        lost = lost_workers(results)
+        if not lost:
+            return 0 if all(r.returncode == 0 for r in results) else 1  # done, or timed out
+        left = size - len(lost)
+        if left < min_workers or restarts == max_restarts:
+            why = (f"{left} worker(s) left, fewer than --min-workers={min_workers}"
+                   if left < min_workers else f"--max-restarts={max_restarts} reached")
+            print(f"[launch] elastic: giving up ({why})", file=sys.stderr, flush=True)
+            return lost[0].exit_code
+        restarts += 1
+        print(f"[launch] elastic: {len(lost)} worker(s) lost; restarting on {left} workers "
+              f"(restart {restarts} of {max_restarts})", file=sys.stderr, flush=True)
+        size = left
+
+
+def report(results: list[WorkerResult]) -> None:
+    for r in results:
+        if r.returncode != 0:
+            print(f"[launch] worker {r.rank} {r.describe()}", file=sys.stderr, flush=True)
 
 
 def run_tf_workers(argv: list[str], num_workers: int, timeout: float,
@@ -308,6 +399,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="first worker port on each remote host (TF_CONFIG)")
     p.add_argument("--ssh", default=DEFAULT_SSH, help="command that reaches a remote host")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before all are killed")
+    elastic = p.add_argument_group("elastic TF_CONFIG workers (with --workers)")
+    elastic.add_argument("--elastic", action="store_true",
+                         help="restart on the workers left when workers fail (tfdist train "
+                              "resumes its backup at the new size)")
+    elastic.add_argument("--min-workers", type=int, help="elastic: fewest workers to go on with "
+                         "(default: --workers)")
+    elastic.add_argument("--max-restarts", type=int, default=3,
+                         help="elastic: restarts before giving up (default 3)")
     hvd = p.add_argument_group("Horovod (horovodrun)")
     hvd.add_argument("--horovod", action="store_true", help="launch with horovodrun")
     hvd.add_argument("-np", "--np", type=int, help="number of Horovod ranks")
@@ -345,6 +444,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.dry_run:
                 return 0
             commands = [(cmd, dict(os.environ))]
+        elif args.elastic:
+            if args.workers is None:
+                raise ValueError("--elastic runs local workers: give --workers N")
+            try:
+                return run_elastic(command, args.workers, args.min_workers or args.workers,
+                                   args.max_restarts, args.timeout)
+            except CommandNotFound as e:
+                print(f"[launch] {e.strerror}", file=sys.stderr)
+                return 127
         else:
             if hosts is None and args.workers is None:
                 raise ValueError("say where: --workers N (this machine), --hosts or --hostfile")
@@ -354,14 +462,15 @@ def main(argv: list[str] | None = None) -> int:
                                      args.port, args.ssh)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
-    results = run_processes(commands, args.timeout, echo=True)
-    for r in results:
-        if r.returncode != 0:
-            state = "was stopped" if r.returncode is None else f"exited with {r.returncode}"
-            print(f"[launch] worker {r.rank} {state}", file=sys.stderr)
-    failed = [r.returncode for r in results if r.returncode not in (0, None)]
+    try:
+        results = run_processes(commands, args.timeout, echo=True)
+    except CommandNotFound as e:
+        print(f"[launch] {e.strerror}", file=sys.stderr)
+        return 127
+    report(results)
+    failed = [r for r in results if r.returncode not in (0, None)]
     if failed:
-        return failed[0]
+        return failed[0].exit_code
     return 1 if any(r.returncode is None for r in results) else 0
 
 

@@ -5,6 +5,7 @@ a MirroredStrategy over 2 logical devices, on the same global batches.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -427,3 +428,22 @@ def test_checkpoints_load_on_the_other_engine_both_ways(mirrored, tmp_path):
     common.assert_weights_close(common.weights(zero),
                                 _reference(mirrored, steps=15, optimizer="adam"),
                                 rtol=1e-5, atol=1e-6)
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.parametrize("mode, message", [
+    ("steps", "steps per epoch: rank 0: 4, rank 1: 3"),
+    ("compressor", "optimizer configuration (digest): rank 0: 0x"),
+])
+def test_horovod_ranks_with_different_jobs_stop_with_a_message(tmp_path, mode, message):
+    """Before, ranks with different steps per epoch hung forever in MetricAverage, and a
+    compressor on one rank only desynchronised the collectives: now every rank stops at once,
+    naming what differs on which rank."""
+    worker = os.path.join(ROOT, "tests", "workers", "mismatch_worker.py")
+    start = time.monotonic()
+    result = run_horovod([sys.executable, worker, mode], 2, TIMEOUT, env=worker_env())
+    assert time.monotonic() - start < 120
+    assert result.returncode not in (0, None), result.output[-5000:]
+    assert "The workers' training setups differ" in result.output
+    assert message in result.output, result.output[-5000:]

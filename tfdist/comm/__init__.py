@@ -17,7 +17,7 @@ from tfdist.comm.base import (
     ring_bytes,
     static_nbytes,
 )
-from tfdist.comm.consistency import model_fingerprint, verify_same_model
+from tfdist.comm.consistency import model_fingerprint, verify_same_model, verify_same_setup
 from tfdist.comm.distribute import DistributeEngine, ReplicaCommunicator
 from tfdist.comm.engine import ENGINES, Engine, LocalEngine, activate, register, replica_copies, resolve
 from tfdist.comm.engine import get as get_engine
@@ -44,4 +44,5 @@ __all__ = [
     "ring_bytes",
     "static_nbytes",
     "verify_same_model",
+    "verify_same_setup",
 ]

@@ -54,3 +54,36 @@ def verify_same_model(
             "Every worker must build the same model (same layers, shapes and dtypes) before "
             "training. Check that all workers run the same script and config."
         )
+
+
+def _number(value: int | str) -> int:
+    return int(value) if isinstance(value, (int, np.integer)) else zlib.crc32(str(value).encode())
+
+
+def verify_same_setup(
+    setup: dict[str, int | str],
+    communicator: Communicator,
+    run: Callable[[Callable[[], tf.Tensor]], tf.Tensor] | None = None,
+) -> None:
+    """Raises ValueError on every worker if any worker's `setup` differs (steps per epoch,
+    epochs, the optimizer's configuration...): ints are compared as they are, strings by their
+    CRC32. Workers that disagree would otherwise wait for each other in different collectives.
+    """
+    if communicator.world_size == 1 or not setup:
+        return
+    keys = sorted(setup)
+    mine = np.array([[_number(setup[k]) for k in keys]], dtype=np.int64)
+    gathered = (run or (lambda f: f()))(lambda: communicator.all_gather(tf.constant(mine)))
+    table = np.asarray(gathered).reshape(communicator.world_size, -1)
+    lines = []
+    for j, key in enumerate(keys):
+        column = table[:, j]
+        if not (column == column[0]).all():
+            shown = [f"{v:#010x}" if isinstance(setup[key], str) else str(v) for v in column]
+            lines.append(f"  {key}{' (digest)' if isinstance(setup[key], str) else ''}: "
+                         + ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown)))
+    if lines:
+        raise ValueError(
+            "The workers' training setups differ:\n" + "\n".join(lines) + "\nEvery worker "
+            "must run the same job (the same steps per epoch, epochs, batch size and optimizer "
+            "configuration); they would otherwise wait for each other forever.")

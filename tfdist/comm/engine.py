@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from tfdist.comm.base import ByteCounter, Communicator, LocalCommunicator
-from tfdist.comm.consistency import verify_same_model
+from tfdist.comm.consistency import verify_same_model, verify_same_setup
 
 # name -> engine class, in detection order (highest `priority` first).
 ENGINES: dict[str, type[Engine]] = {}
@@ -116,6 +116,12 @@ class Engine(abc.ABC):
         """Raises the same clear error on every worker if the workers' models differ."""
         if self.world_size > 1:
             verify_same_model(variables, self.communicator(), run=self._run_collective)
+
+    def verify_same_setup(self, setup: dict[str, int | str]) -> None:
+        """Raises the same clear error on every worker if the workers' `setup` values differ
+        (`tfdist.comm.verify_same_setup`)."""
+        if self.world_size > 1:
+            verify_same_setup(setup, self.communicator(), run=self._run_collective)
 
     def _run_collective(self, fn: Callable[[], tf.Tensor]) -> tf.Tensor:
         return self._run(lambda _: fn())

@@ -14,11 +14,27 @@ from tfdist.callbacks.lr_warmup import LearningRateWarmup as _LearningRateWarmup
 from tfdist.comm import HorovodEngine
 
 
+def verify_same_job(callback: keras.callbacks.Callback) -> None:
+    """Raises on every rank, before the first step, if the ranks' models, optimizer
+    configurations (built here; a tfdist optimizer compares its parts when built) or `fit`
+    calls (steps per epoch, epochs) differ: such ranks would otherwise wait for each other in
+    different collectives forever."""
+    engine, model = HorovodEngine(), callback.model
+    engine.verify_same_model(model.variables)
+    optimizer = model.optimizer
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    params = callback.params or {}
+    engine.verify_same_setup({"steps per epoch": int(params.get("steps") or -1),
+                              "epochs": int(params.get("epochs") or -1)})
+
+
 class BroadcastGlobalVariables(keras.callbacks.Callback):
     """At the start of training, copies `root_rank`'s model and optimizer state to every rank.
 
     It first builds the optimizer (so its state exists and a resumed optimizer is broadcast too)
-    and checks that every rank has the same model, raising a clear error if not.
+    and checks that every rank has the same model and the same `fit` (steps per epoch, epochs),
+    raising a clear error on every rank if not.
 
     Args:
         root_rank: The rank whose state wins. Defaults to 0.
@@ -37,9 +53,7 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
             )
         model = self.model
         optimizer = model.optimizer
-        engine.verify_same_model(model.variables)
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
+        verify_same_job(self)
         variables = list(model.variables) + (list(optimizer.variables) if optimizer else [])
         values = comm.broadcast([tf.convert_to_tensor(v) for v in variables], root=self.root_rank)
         for var, value in zip(variables, values):
@@ -50,7 +64,12 @@ class MetricAverage(keras.callbacks.Callback):
     """Averages the epoch's logged metrics over ranks, so every rank reports the global values.
 
     Put it before callbacks that read the metrics (checkpointing, early stopping, TensorBoard).
+    Ranks whose models, optimizer configurations or `fit` (steps per epoch, epochs) differ are
+    refused at the start (else a rank would wait here for ranks still training).
     """
+
+    def on_train_begin(self, logs=None):
+        verify_same_job(self)
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:

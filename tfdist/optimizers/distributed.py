@@ -15,6 +15,7 @@ serves every engine and a saved optimizer loads on whichever engine runs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import keras
@@ -190,10 +191,19 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.chain.build(self, var_list)
         if self.verify_model and tf.executing_eagerly():
             self.engine.verify_same_model(var_list)
+            self.engine.verify_same_setup({"optimizer configuration": self._setup()})
         super().build(var_list)
         local_sgd = self.chain.local_sgd
         if local_sgd is not None:
             local_sgd.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
+
+    def _setup(self) -> str:
+        """The configuration every worker must share: the parts' and the inner optimizer's
+        kind (a compressor, period or accumulation that differs would desynchronise the
+        collectives)."""
+        parts = [[type(p).__name__, p.get_config()] for p in self.chain.parts]
+        return json.dumps([type(self.inner_optimizer).__name__, parts], sort_keys=True,
+                          default=repr)
 
     @property
     def engine(self) -> Engine:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -237,25 +238,45 @@ ELASTIC_JOB = ["--set", "engine.name=multi_worker",
                "--set", "train.checkpoint_steps=4", "--set", "data.global_batch_size=48"]
 
 
+def _elastic_command(out, *extra):
+    return [sys.executable, "-m", "tfdist.launch", "--elastic", "--workers", "3",
+            "--min-workers", "2", "--timeout", "400", *extra, "--", sys.executable, "-m",
+            "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
+
+
+@pytest.fixture(scope="module")
+def elastic_reference(tmp_path_factory):
+    """The job on 3 workers, never stopped: (summary, weights)."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    out = tmp_path_factory.mktemp("straight")
+    straight = subprocess.run(_elastic_command(out), capture_output=True, text=True,
+                              cwd=ROOT, env=worker_env(), timeout=450)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    return _final_weights(out)
+
+
+def _assert_same_training(out, reference):
+    summary, weights = _final_weights(out)
+    reference_summary, reference_weights = reference
+    assert reference_summary["world_size"] == 3
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
+    for a, b in zip(reference_weights, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    assert not (out / "backup").exists()
+    return summary
+
+
 @pytest.mark.multiprocess
-def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example(tmp_path):
-    """Worker 1 of 3 is SIGKILLed after the backup of step 16 (mid-epoch 1); the launcher
+def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example(
+        tmp_path, elastic_reference):
+    """Worker 1 of 3 is SIGKILLed after the backup of step 16 (mid-epoch 2); the launcher
     reports the signal, restarts on 2 workers, which resume the backup (re-sharded global
     batches: same sequence) and finish: exit 0, every epoch trained on as many examples as an
     uninterrupted run, and (dense synchronous training) the same weights."""
-    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
-
-    def command(out):
-        return [sys.executable, "-m", "tfdist.launch", "--elastic", "--workers", "3",
-                "--min-workers", "2", "--timeout", "400", "--", sys.executable, "-m",
-                "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
-
-    straight = subprocess.run(command(tmp_path / "straight"), capture_output=True, text=True,
-                              cwd=ROOT, env=worker_env(), timeout=450)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    launcher = subprocess.Popen(command(tmp_path / "elastic"), cwd=ROOT, env=worker_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    launcher = subprocess.Popen(_elastic_command(tmp_path / "elastic"), cwd=ROOT,
+                                env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         backup = tmp_path / "elastic" / "backup" / "process-1" / "step-16" / "meta.json"
         deadline = time.monotonic() + 300
@@ -263,21 +284,35 @@ def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example
             assert launcher.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         os.kill(_pid_of_worker(str(tmp_path / "elastic"), 1), signal.SIGKILL)
-        out, err = launcher.communicate(timeout=400)
+        _, err = launcher.communicate(timeout=400)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode == 0, err[-3000:]
     assert "[launch] worker 1 was killed by SIGKILL (signal 9)" in err
     assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers (restart 1 of 3)" in err
-    summary, weights = _final_weights(tmp_path / "elastic")
-    reference_summary, reference = _final_weights(tmp_path / "straight")
-    assert summary["world_size"] == 2 and reference_summary["world_size"] == 3
-    assert summary["resumed_from_step"] >= 16
-    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
-    for a, b in zip(reference, weights, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
-    assert not (tmp_path / "elastic" / "backup").exists()
+    summary = _assert_same_training(tmp_path / "elastic", elastic_reference)
+    assert summary["world_size"] == 2 and summary["resumed_from_step"] >= 16
+
+
+@pytest.mark.multiprocess
+def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference):
+    """train.resize_policy=throughput: after 6 measured steps on 3 workers the job is moved to
+    2 (does the third worker help?), measured again, and settles; each move printed with its
+    reason; no example lost or repeated, the same weights."""
+    out = tmp_path / "resized"
+    result = subprocess.run(
+        [*_elastic_command(out, "--max-workers", "3"), "--set", "train.resize_policy=throughput",
+         "--set", "train.resize_every=6"], capture_output=True, text=True, cwd=ROOT,
+        env=worker_env(), timeout=450)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"\[launch\] elastic: resizing from 3 to 2 workers \(3 workers run at "
+                     r"\d+ examples/s; trying 2 to see whether the last worker helps\)",
+                     result.stderr), result.stderr[-3000:]
+    settled = re.findall(r"\[tfdist\] elastic: (.*)", result.stdout)
+    assert len(settled) >= 2, result.stdout[-3000:]  # one decision per size measured
+    summary = _assert_same_training(out, elastic_reference)
+    assert summary["world_size"] in (2, 3)
 
 
 def test_the_launcher_names_a_missing_command_and_a_signal(capsys):
@@ -290,3 +325,16 @@ def test_the_launcher_names_a_missing_command_and_a_signal(capsys):
     with pytest.raises(SystemExit):
         launch.main(["--elastic", "--workers", "2", "--min-workers", "3", "--", "true"])
     assert "--min-workers must be in [1, --workers=2]" in capsys.readouterr().err
+
+
+def test_the_throughput_policy_settles_on_the_fewest_workers_that_do_as_well():
+    decide = tfdist.callbacks.throughput_policy(tolerance=0.05)
+    assert decide({3: 300.0}, 3, 2, 4)[0] == 2  # first: does the last worker help?
+    assert decide({3: 300.0, 2: 290.0}, 2, 2, 4) == (
+        2, "2 workers run at 290 examples/s, the best measured: staying")
+    size, reason = decide({3: 300.0, 2: 200.0}, 2, 2, 4)
+    assert size == 3 and "more workers pay" in reason
+    assert decide({3: 300.0, 2: 200.0}, 3, 2, 4)[0] == 4  # adding paid off: try one more
+    assert decide({3: 300.0, 2: 200.0, 4: 305.0}, 4, 2, 4)[0] == 3  # 4 within 5% of 3
+    assert decide({1: 100.0}, 1, 1, 1)[0] == 1
+    assert tfdist.callbacks.RESIZE_EXIT == launch.RESIZE_EXIT

@@ -6,6 +6,7 @@ from tfdist.callbacks.backup import BackupAndRestore
 from tfdist.callbacks.checkpoint import ModelCheckpoint
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
+from tfdist.callbacks.resize import RESIZE_EXIT, ElasticResize, throughput_policy
 from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
 
 __all__ = [
@@ -13,12 +14,15 @@ __all__ = [
     "AveragingPeriodSchedule",
     "BackupAndRestore",
     "CommunicationStats",
+    "ElasticResize",
     "LearningRateWarmup",
+    "RESIZE_EXIT",
     "ModelCheckpoint",
     "ScalarLog",
     "ScalarWriter",
     "StepTimer",
     "adacomm_period",
     "critical_regimes",
+    "throughput_policy",
     "warmup_learning_rate",
 ]

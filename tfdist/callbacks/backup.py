@@ -108,6 +108,16 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._original_train_function = None
         self._pending_metrics: list = []  # (replica copies, values) set when an epoch begins
 
+    @property
+    def skipping(self) -> bool:
+        """Whether `fit` is passing a finished step of the resumed epoch (nothing ran)."""
+        return self._skipping
+
+    def save_now(self) -> None:
+        """Backs up now, at the step just finished (call it from `on_train_batch_end` of a
+        callback after this one, on every process alike)."""
+        self._save(epoch=self._epoch, batch=self._consumed - self._epoch_start)
+
     # -- where the data is -----------------------------------------------------------------
     def data_start(self) -> int:
         """Global batches consumed before now: pass the method itself as `start=` to the tfdist

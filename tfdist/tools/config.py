@@ -177,6 +177,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "checkpoint_steps": _int("an integer >= 1 (steps between backups in "
                                  "train.output_dir/backup; the same command resumes), or null",
                                  lambda v: v >= 1, None, nullable=True, most=10**9),
+        "resize_policy": _choice((None, "throughput"), None),
+        "resize_every": _int("an integer >= 1 (steps measured at each size)", lambda v: v >= 1,
+                             50, most=10**9),
     },
 }
 
@@ -270,6 +273,9 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("averaging.host_size: needs averaging.intra_period (hierarchical averaging)")
     errors += _build_errors(c)
     errors += _zero_checks(c)
+    if c["train"]["resize_policy"] is not None and not c["train"]["checkpoint_steps"]:
+        errors.append("train.resize_policy: a resize restarts the job from a backup; set "
+                      "train.checkpoint_steps too")
     if engine["name"] == "keras_multi_worker":
         extras = [name for name, on in (
             ("compression.name", comp["name"] != "none" or comp["error_feedback"]),

@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -199,23 +200,50 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
     return [r for r in failed if (r.ended_at or 0.0) <= first + 1.0]
 
 
+RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
+MAX_RESIZES = 16
+
+
 def run_elastic(argv: list[str], workers: int, min_workers: int, max_restarts: int,
-                timeout: float, echo: bool = True) -> int:
+                timeout: float, echo: bool = True, max_workers: int | None = None) -> int:
     """Runs `argv` as `workers` local TF_CONFIG workers; when workers fail, stops the others
     and starts the job again on the workers left (at least `min_workers`, at most
     `max_restarts` times), with TF_CONFIG rewritten for the new set and TFDIST_ELASTIC=1 (so
-    `tfdist train` resumes its backup at the new size). Returns the exit code."""
+    `tfdist train` resumes its backup at the new size). When every worker exits with
+    RESIZE_EXIT (`tfdist.callbacks.ElasticResize`), it starts the job at the size requested
+    (within [min_workers, max_workers]). Returns the exit code."""
+    max_workers = workers if max_workers is None else max_workers
     if not 1 <= min_workers <= workers:
         raise ValueError(f"--min-workers must be in [1, --workers={workers}]. "
                          f"Received: {min_workers}")
+    if max_workers < workers:
+        raise ValueError(f"--max-workers must be >= --workers={workers}. Received: {max_workers}")
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0. Received: {max_restarts}")
     deadline = time.monotonic() + timeout
-    env = {**os.environ, "TFDIST_ELASTIC": "1"}
-    size, restarts = workers, 0
+    with tempfile.TemporaryDirectory(prefix="tfdist-elastic-") as control:
+        env = {**os.environ, "TFDIST_ELASTIC": "1", "TFDIST_ELASTIC_DIR": control,
+               "TFDIST_ELASTIC_MIN_WORKERS": str(min_workers),
+               "TFDIST_ELASTIC_MAX_WORKERS": str(max_workers)}
+        return _elastic_loop(argv, workers, min_workers, max_restarts, deadline, env, control,
+                             echo)
+
+
+def _elastic_loop(argv, size, min_workers, max_restarts, deadline, env, control, echo) -> int:
+    restarts = resizes = 0
     while True:
         results = run_processes(host_commands(argv, [("127.0.0.1", size)], env=env),
                                 max(1.0, deadline - time.monotonic()), echo=echo)
+        request = Path(control) / "resize.json"
+        if all(r.returncode == RESIZE_EXIT for r in results) and request.is_file() \
+                and resizes < MAX_RESIZES:
+            wanted = json.loads(request.read_text())
+            request.unlink()
+            resizes += 1
+            print(f"[launch] elastic: resizing from {size} to {wanted['size']} workers "
+                  f"({wanted['reason']})", file=sys.stderr, flush=True)
+            size = int(wanted["size"])
+            continue
         report(results)
         lost = lost_workers(results)
         if not lost:
@@ -405,6 +433,8 @@ def _parser() -> argparse.ArgumentParser:
                               "resumes its backup at the new size)")
     elastic.add_argument("--min-workers", type=int, help="elastic: fewest workers to go on with "
                          "(default: --workers)")
+    elastic.add_argument("--max-workers", type=int, help="elastic: most workers a resize policy "
+                         "may grow to (default: --workers)")
     elastic.add_argument("--max-restarts", type=int, default=3,
                          help="elastic: restarts before giving up (default 3)")
     hvd = p.add_argument_group("Horovod (horovodrun)")
@@ -449,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--elastic runs local workers: give --workers N")
             try:
                 return run_elastic(command, args.workers, args.min_workers or args.workers,
-                                   args.max_restarts, args.timeout)
+                                   args.max_restarts, args.timeout,
+                                   max_workers=args.max_workers)
             except CommandNotFound as e:
                 print(f"[launch] {e.strerror}", file=sys.stderr)
                 return 127

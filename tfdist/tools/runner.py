@@ -36,6 +36,7 @@ from tfdist import compression
 from tfdist.callbacks import (
     BackupAndRestore,
     CommunicationStats,
+    ElasticResize,
     LearningRateWarmup,
     ScalarLog,
     StepTimer,
@@ -412,6 +413,9 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     backup, start = _backup(config, run_dir, job)
     if backup is not None:
         callbacks.append(backup)
+        if config["train"]["resize_policy"] == "throughput":
+            callbacks.append(ElasticResize(backup, micro_batch,
+                                           every=config["train"]["resize_every"]))
     batches = data.global_batches(micro_batch, data_cfg["seed"], start)
     if job.name == "horovod":
         import tfdist.horovod as thvd

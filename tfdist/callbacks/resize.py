@@ -1,0 +1,156 @@
+"""`ElasticResize`: change the number of workers on purpose, from a measured signal.
+
+Under `python -m tfdist.launch --elastic --workers N --min-workers A --max-workers B`, the job can
+be restarted at another size; this callback measures the job's throughput (examples per second)
+at each size it runs at, asks a policy which size to run at, and when that is another size backs
+the job up, writes the request (with its reason) for the launcher and ends every process with
+`RESIZE_EXIT`; the launcher restarts the job at the new size and it resumes from the backup.
+
+The launcher tells the workers where to leave requests and what sizes are allowed through
+TFDIST_ELASTIC_DIR, TFDIST_ELASTIC_MIN_WORKERS and TFDIST_ELASTIC_MAX_WORKERS; without them (not
+under the elastic launcher) the callback only measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from tfdist.arguments import check_int, check_number
+from tfdist.callbacks.backup import BackupAndRestore
+from tfdist.comm import resolve
+
+RESIZE_EXIT = 75  # EX_TEMPFAIL: "run me again" (at the size the request names)
+REQUEST = "resize.json"
+MEASURED = "throughput.json"
+
+Policy = Callable[[dict[int, float], int, int, int], tuple[int, str]]
+
+
+def throughput_policy(tolerance: float = 0.05) -> Policy:
+    """Hill-climbing on measured throughput: run at the fewest workers within `tolerance` of
+    the best throughput measured; from the best size, try one worker fewer (does the last one
+    help?) and, while adding workers paid off, one more.
+
+    The policy is a function (measured {size: examples/s}, current size, fewest, most) ->
+    (size to run at, reason). Each size is measured once, so it settles after at most
+    (most - fewest + 1) restarts.
+    """
+    tolerance = check_number("tolerance", tolerance, 0, 1, high_open=True)
+
+    def decide(measured: dict[int, float], size: int, low: int, high: int) -> tuple[int, str]:
+        rate = measured[size]
+        top = max(measured.values())
+        best = min(s for s, r in measured.items() if r >= top * (1 - tolerance))
+        if best != size:
+            return best, (f"{best} workers ran at {measured[best]:.0f} examples/s, "
+                          f"{size} at {rate:.0f}: " + ("fewer workers do as well"
+                                                       if best < size else "more workers pay"))
+        fewer, more = size - 1, size + 1
+        if fewer >= low and fewer not in measured:
+            return fewer, (f"{size} workers run at {rate:.0f} examples/s; trying {fewer} to see "
+                           "whether the last worker helps")
+        if more <= high and more not in measured and (
+                fewer not in measured or rate > measured[fewer] * (1 + tolerance)):
+            return more, (f"{size} workers run at {rate:.0f} examples/s"
+                          + (f", {rate / measured[fewer]:.2f}x {fewer} workers'"
+                             if fewer in measured else "") + f"; trying {more}")
+        return size, f"{size} workers run at {rate:.0f} examples/s, the best measured: staying"
+
+    return decide
+
+
+class ElasticResize(keras.callbacks.Callback):
+    """Measures throughput at each job size and moves the job to the size the policy picks.
+
+    Pass it to `fit` on every worker, after the `BackupAndRestore` it uses to save the job
+    before a resize. Once per start, after `warmup_steps` steps (tracing, first collectives),
+    the chief times `every` steps and records examples/s for the current size in the
+    launcher's directory (the first measurement of a size is kept, so a policy that moves only
+    to the best measured or to an unmeasured size settles); the policy's choice is broadcast
+    from the chief, so all workers agree; every decision is printed with its reason by the
+    chief (and by the launcher).
+
+    Args:
+        backup: The job's `BackupAndRestore` (it must be in `fit`'s callbacks too, before this).
+        global_batch_size: Examples per step over all workers.
+        every: Steps measured at each size. Defaults to 50.
+        warmup_steps: Steps after a start before measuring, >= 1. Defaults to 5.
+        policy: (measured, size, fewest, most) -> (size, reason). Defaults to
+            `throughput_policy()`.
+    """
+
+    def __init__(self, backup: BackupAndRestore, global_batch_size: int, every: int = 50,
+                 warmup_steps: int = 5, policy: Policy | None = None):
+        super().__init__()
+        if not isinstance(backup, BackupAndRestore):
+            raise ValueError(f"`backup` must be a tfdist.callbacks.BackupAndRestore. Received: "
+                             f"backup={backup!r}")
+        self.backup = backup
+        self.global_batch_size = check_int("global_batch_size", global_batch_size, 1)
+        self.every = check_int("every", every, 1)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 1)
+        self.policy = policy or throughput_policy()
+        self.directory = os.environ.get("TFDIST_ELASTIC_DIR")
+        self.decisions: list[dict] = []
+
+    def on_train_begin(self, logs=None):
+        self._engine = resolve(getattr(self.model, "distribute_strategy", None))
+        self._steps, self._start, self._decided = 0, None, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._decided or self.backup.skipping:
+            return
+        self._steps += 1
+        if self._steps == self.warmup_steps:
+            self._start = time.perf_counter()
+        elif self._steps == self.warmup_steps + self.every and self._start is not None:
+            self._decided = True
+            self._decide(self.every * self.global_batch_size / (time.perf_counter() - self._start))
+
+    def _decide(self, rate: float) -> None:
+        engine, size = self._engine, self._engine.process_count
+        low = int(os.environ.get("TFDIST_ELASTIC_MIN_WORKERS", size))
+        high = int(os.environ.get("TFDIST_ELASTIC_MAX_WORKERS", size))
+        target, reason = size, "not under the elastic launcher: measuring only"
+        if engine.is_chief:
+            measured = self._measured()
+            measured.setdefault(size, rate)  # each size measured once: moves are finite
+            if self.directory is not None:
+                target, reason = self.policy(measured, size, low, high)
+                if not low <= target <= high:
+                    raise ValueError(f"The resize policy chose {target} workers, outside "
+                                     f"[{low}, {high}]")
+                self._write(MEASURED, {str(k): v for k, v in measured.items()})
+            print(f"[tfdist] elastic: {reason}", flush=True)
+        if engine.multi_process:  # every worker takes the chief's decision
+            target = int(engine.run(lambda comm: comm.broadcast(
+                [tf.constant(target, tf.int64)], root=0)[0]))
+        self.decisions.append({"size": size, "examples_per_second": rate, "target": target,
+                               "reason": reason if engine.is_chief else None})
+        if target != size and self.directory is not None:
+            self.backup.save_now()
+            if engine.is_chief:
+                self._write(REQUEST, {"size": target, "reason": reason})
+            raise SystemExit(RESIZE_EXIT)
+
+    def _measured(self) -> dict[int, float]:
+        if self.directory is None:
+            return {}
+        try:
+            with open(os.path.join(self.directory, MEASURED)) as f:
+                return {int(k): float(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, name: str, value: dict) -> None:
+        assert self.directory is not None
+        path = os.path.join(self.directory, name)
+        with open(path + ".tmp", "w") as f:
+            json.dump(value, f)
+        os.replace(path + ".tmp", path)

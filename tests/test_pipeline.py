@@ -13,11 +13,9 @@ from tests.workers.common import cpu_devices, make_pipelined_model
 from tfdist._hooks.profiler import executed_devices
 from tfdist.data import load_digits
 from tfdist.pipeline import (
-    ColumnParallelDense,
     Pipeline,
     PipelineModel,
     Pop,
-    RowParallelDense,
     Stash,
     balance_by_size,
     balance_by_time,
@@ -461,66 +459,6 @@ def test_balance_by_size_and_time():
     assert len(times) == 2 and sum(times) == 4 and times[0] == 1
     with pytest.raises(ValueError, match="add up to the 6 layers"):
         split(layers, [2, 2])
-
-
-# -- tensor parallel ----------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [2, 4])
-def test_column_and_row_parallel_dense_equal_dense(n):
-    x = tf.constant(np.random.RandomState(1).randn(6, 8).astype("float32"))
-    keras.utils.set_random_seed(4)
-    dense1, dense2 = keras.layers.Dense(12, activation="relu"), keras.layers.Dense(8)
-    ref = keras.Sequential([keras.Input((8,)), dense1, dense2])
-    devices = cpu_devices(n)
-    column = ColumnParallelDense(12, devices, activation="relu")
-    row = RowParallelDense(8, devices)
-    megatron_col = ColumnParallelDense(12, devices, activation="relu", gather_output=False)
-    megatron_row = RowParallelDense(8, devices, input_is_parallel=True)
-    inputs = keras.Input((8,))
-    tp = keras.Model(inputs, row(column(inputs)))
-    meg = keras.Model(inputs, megatron_row(megatron_col(inputs)))
-    for c, r in ((column, row), (megatron_col, megatron_row)):
-        c.load_dense(*dense1.get_weights())
-        r.load_dense(*dense2.get_weights())
-
-    def run(model):
-        with tf.GradientTape() as tape:
-            out = model(x)
-            loss = tf.reduce_sum(out ** 2)
-        return out, tape.gradient(loss, model.trainable_variables)
-
-    ref_out, (k1, b1, k2, b2) = run(ref)
-    for model, c, r in ((tp, column, row), (meg, megatron_col, megatron_row)):
-        out, grads = run(model)
-        _close([out], [ref_out])
-        by_name = dict(zip([v.path for v in model.trainable_variables], grads))
-        _close([tf.concat([by_name[v.path] for v in c.kernels], axis=1)], [k1])
-        _close([tf.concat([by_name[v.path] for v in c.biases], axis=0)], [b1])
-        _close([tf.concat([by_name[v.path] for v in r.kernels], axis=0)], [k2])
-        _close([by_name[r.bias.path]], [b2])
-        assert [v.value.device[-5:] for v in c.kernels] == [f"CPU:{d}" for d in range(n)]
-
-
-def test_tensor_parallel_backward_runs_on_each_block_device():
-    column = ColumnParallelDense(8, cpu_devices(2))
-    x = tf.ones((4, 6))
-    column.build((4, 6))
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(column(x))
-        return tape.gradient(loss, column.trainable_variables)
-
-    placed = executed_devices(step)
-    grad_matmuls = [(n, d) for n, (d, op) in placed.items()
-                    if "MatMul" in op and "gradient" in n.lower()]
-    assert {d[-5:] for _, d in grad_matmuls} == {"CPU:0", "CPU:1"}, grad_matmuls
-
-
-def test_tensor_parallel_bad_input():
-    with pytest.raises(ValueError, match=r"units=10 is not divisible by the 4 devices"):
-        ColumnParallelDense(10, cpu_devices(4))
-    with pytest.raises(ValueError, match=r"input features=6 is not divisible by the 4 devices"):
-        RowParallelDense(3, cpu_devices(4)).build((2, 6))
 
 
 def test_stage_idle_fractions_from_op_intervals():

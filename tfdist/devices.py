@@ -71,17 +71,23 @@ def place_slots(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optim
 
 def on_device(device: str, fn, *tensors):
     """`fn(*tensors)` with its forward and its gradient ops on `device` (a plain `tf.device`
-    places only the forward)."""
+    places only the forward). Variables `fn` reads (a Keras layer's weights) get their gradients
+    there too."""
 
     @tf.custom_gradient
-    def placed(*xs):
+    def placed(*inputs):
         with tf.device(device), tf.GradientTape() as tape:
+            # One tensor given twice (attention's key and value) gets one gradient per use.
+            xs = [tf.identity(x) for x in inputs]
             tape.watch(xs)
             y = fn(*xs)
 
-        def grad(dy):
+        def grad(dy, variables=None):
             with tf.device(device):
-                return tape.gradient(y, list(xs), output_gradients=dy)
+                grads = tape.gradient(y, [*xs, *(variables or [])], output_gradients=dy)
+            if variables is None:
+                return grads
+            return grads[:len(xs)], grads[len(xs):]
 
         return y, grad
 

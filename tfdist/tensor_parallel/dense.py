@@ -49,6 +49,13 @@ class _Parallel(keras.layers.Layer):
                     initializer=lambda shape, dtype=None, block=block: tf.cast(block, dtype)))
         return blocks
 
+    def load_from(self, layer: keras.layers.Dense) -> None:
+        """Takes an unsplit `keras.layers.Dense`'s kernel and bias."""
+        if not isinstance(layer, keras.layers.Dense):
+            raise ValueError(f"{type(self).__name__}.load_from takes a keras.layers.Dense, got "
+                             f"{layer!r}.")
+        self.load_dense(layer.kernel, layer.bias if layer.use_bias else None)
+
     def get_config(self):
         return {**super().get_config(), "units": self.units, "devices": list(self.devices),
                 "activation": keras.activations.serialize(self.activation),

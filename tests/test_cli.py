@@ -251,6 +251,34 @@ def test_bench_pipeline_quick_writes_measured_table(tmp_path):
     assert (tmp_path / "pipeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_compressors_times_every_compressor(tmp_path, monkeypatch):
+    """The suite's loopback exchange (small tensors here, to be quick): one row per compressor,
+    what 2 workers sending this worker's payload would reduce to."""
+    import tensorflow as tf
+
+    from tfdist import compression
+    from tfdist.tools.bench import compressors
+    from tfdist.tools.bench.suites import run_suite
+
+    comm = compressors.LoopbackCommunicator(2)
+    x = tf.constant(np.random.RandomState(0).randn(64, 32).astype("float32"))
+    (total,), _ = compression.get("fp16").reduce_all([x], [{}], tf.constant(0, tf.int64), comm)
+    np.testing.assert_allclose(total, 2 * x.numpy(), rtol=1e-3)
+    gathered = comm.all_gather(x[None])
+    assert gathered.shape == (2, 64, 32) and np.array_equal(gathered[1], x)
+
+    monkeypatch.setattr(compressors, "SHAPES", [(96, 64), (64,), (64, 10)])
+    rows = run_suite("compressors", quick=True, out=str(tmp_path))
+    assert [r["compressor"] for r in rows] == [name for name, _ in compressors.COMPRESSORS]
+    megabytes = 96 * 64 * 4 / 1e6  # only the matrix of >= 1,024 elements is compressed
+    for r in rows:
+        assert r["ms"] > 0 and r["megabytes"] == pytest.approx(megabytes)
+        assert r["ms_per_mb"] == pytest.approx(r["ms"] / megabytes)
+    table = (tmp_path / "compressors.md").read_text()
+    assert table.count("\n| ") == len(rows) + 1 and "| powersgd rank 2 |" in table
+    assert (tmp_path / "compressors.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_every_suite_draws_its_rows(tmp_path):
     """The compression, local SGD and memory suites' plots, from rows shaped as those suites
     write them (the suites themselves take minutes; their tables are in the README)."""

@@ -47,6 +47,57 @@ def test_topk_keeps_exactly_the_largest():
     np.testing.assert_array_equal(y.numpy()[kept], x.numpy()[kept])
 
 
+@pytest.mark.parametrize("data", ["normal", "heavy_tailed", "rows", "ties", "zeros"])
+def test_sampled_selection_finds_exactly_the_k_largest(data):
+    """`largest` (top-k, DGC, threshold) on tensors big enough for its sampled threshold: the
+    same set as a full top-k, whatever the distribution; with a threshold set too high on
+    purpose it falls back to the full selection, still exact."""
+    from tfdist.compression.topk import largest
+
+    rng = np.random.RandomState(0)
+    n, k = 300_000, 3_000
+    values = {"normal": rng.randn(n), "heavy_tailed": rng.standard_cauchy(n),
+              "rows": (rng.randn(600, 500) * np.arange(1, 501)).reshape(-1),  # columns differ
+              "ties": np.round(rng.randn(n), 1), "zeros": np.zeros(n)}[data]
+    magnitudes = tf.constant(np.abs(values).astype("float32"))
+    expected = np.sort(magnitudes.numpy())[-k:]
+    for sigmas in (5.0, -1e6):
+        got = largest(magnitudes, k, margin_sigmas=sigmas).numpy()
+        assert got.shape == (k,) and len(set(got)) == k
+        np.testing.assert_array_equal(np.sort(magnitudes.numpy()[got]), expected)
+
+
+def test_randomk_draws_distinct_indices_uniformly():
+    n, k = 100_000, 1_000
+    c = C.RandomK(k / n, seed=1)
+    counts = np.zeros(n)
+    for step in range(200):
+        idx = c._indices(n, k, step, tf.constant(0, tf.int64)).numpy()
+        assert idx.shape == (k,) and len(set(idx)) == k and idx.min() >= 0 and idx.max() < n
+        counts[idx] += 1
+    # each index is drawn with probability k / n per step: 2 in 200 steps, Poisson-like
+    assert abs(counts.mean() - 2.0) < 1e-9 and 1.6 < counts.var() < 2.4
+    dense = C.RandomK(0.9)._indices(1000, 900, 3, tf.constant(0, tf.int64)).numpy()
+    assert len(set(dense)) == 900  # few distinct draws: the permutation path
+
+
+def test_qsgd_levels_round_to_neighbours_without_bias():
+    """The arithmetic rounding (no search): each value rounds between the two levels around it,
+    up with the probability that keeps its expectation."""
+    rng = np.random.RandomState(0)
+    for cls in (C.QSGD, C.NUQSGD):
+        for levels in (1, 2, 4, 8):
+            c = cls(levels=levels, bucket_size=64)
+            points = c.level_values()
+            r = np.concatenate([rng.rand(5000), points, [0.0, 1.0]]).astype("float32")
+            lower, up = (t.numpy() for t in c._round_down(tf.constant(r)))
+            assert (lower >= 0).all() and (lower <= len(points) - 2).all()
+            lo, hi = points[lower], points[lower + 1]
+            assert (lo <= r + 1e-7).all() and (r <= hi + 1e-7).all()
+            np.testing.assert_allclose(lo + up * (hi - lo), r, atol=1e-6)
+            np.testing.assert_allclose(c._level(tf.range(len(points))).numpy(), points)
+
+
 def test_threshold_sends_only_values_above_it():
     x = tf.constant([0.1, -2.0, 0.3, 1.5, -0.2, 0.05, 3.0, 0.0, 0.0, 0.0])
     y, _, _ = _roundtrip(C.Threshold(1.0, max_ratio=0.5), x)

@@ -13,11 +13,11 @@ import tensorflow as tf
 
 from tfdist.arguments import check_int, check_number
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
-from tfdist.compression.topk import scatter
+from tfdist.compression.topk import SparsePayload, largest, scatter
 
 
 @register("dgc")
-class DGC(Compressor):
+class DGC(SparsePayload, Compressor):
     """Deep gradient compression. Keeps its own error feedback (the accumulator v).
 
     Args:
@@ -63,13 +63,16 @@ class DGC(Compressor):
         v = state["velocity"] + u
         flat = tf.reshape(v, [-1])
         k = num_kept(flat.shape[0], self.ratio)
-        _, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
+        indices = largest(tf.abs(flat), k)
         values = tf.gather(flat, indices)
-        keep = tf.reshape(tf.tensor_scatter_nd_update(
-            tf.ones_like(flat), indices[:, None], tf.zeros([k], flat.dtype)), v.shape)
+
+        def cleared(t):  # t with the sent coordinates set to zero (momentum factor masking)
+            return tf.reshape(tf.tensor_scatter_nd_update(
+                tf.reshape(t, [-1]), indices[:, None], tf.zeros([k], t.dtype)), t.shape)
+
         finite = tf.reduce_all(tf.math.is_finite(v))
-        new_state = {"momentum": tf.where(finite, u * keep, state["momentum"]),
-                     "velocity": tf.where(finite, v * keep, state["velocity"])}
+        new_state = {"momentum": tf.cond(finite, lambda: cleared(u), lambda: state["momentum"]),
+                     "velocity": tf.cond(finite, lambda: cleared(v), lambda: state["velocity"])}
         return (values, indices), (x.shape, x.dtype), new_state
 
     def decompress(self, payload, ctx):

@@ -42,14 +42,18 @@ class ErrorFeedback(Compressor):
         inner_state = {k[len("inner."):]: v for k, v in state.items() if k.startswith("inner.")}
         corrected = x + tf.cast(state["residual"], x.dtype)
         payload, ctx, inner_state = self.inner.compress(corrected, inner_state, step, rank)
-        residual = corrected - self.inner.decompress(payload, ctx)
+        residual = self.inner.residual(corrected, payload, ctx)
         finite = tf.reduce_all(tf.math.is_finite(corrected))
-        residual = tf.where(finite, residual, tf.cast(state["residual"], residual.dtype))
+        old = tf.cast(state["residual"], residual.dtype)
+        residual = tf.cond(finite, lambda: residual, lambda: old)
         return payload, ctx, {"residual": residual,
                               **{f"inner.{k}": v for k, v in inner_state.items()}}
 
     def decompress(self, payload, ctx):
         return self.inner.decompress(payload, ctx)
+
+    def decompress_sum(self, payloads, ctx):
+        return self.inner.decompress_sum(payloads, ctx)
 
     def get_config(self):
         return {"inner": serialize(self.inner)}

@@ -94,13 +94,13 @@ class PowerSGD(Compressor):
         same way)."""
         matrices = [tf.reshape(x + tf.cast(s["residual"], x.dtype), matrix_shape(x.shape))
                     for x, s in zip(xs, states)]
-        ps = fused_all_reduce(comm, [m @ self._q(s, x.shape, step)
-                                     for m, s, x in zip(matrices, states, xs)], "sum")
-        ps = [orthogonalize(p, self.eps) for p in ps]
+        p_locals = [m @ self._q(s, x.shape, step) for m, s, x in zip(matrices, states, xs)]
+        ps = [orthogonalize(p, self.eps) for p in fused_all_reduce(comm, p_locals, "sum")]
         q_locals = [tf.transpose(m) @ p for m, p in zip(matrices, ps)]
         qs = fused_all_reduce(comm, q_locals, "sum")
-        out = [self._finish(x, s, m, p, q_local, q, comm, op)
-               for x, s, m, p, q_local, q in zip(xs, states, matrices, ps, q_locals, qs)]
+        out = [self._finish(x, s, m, p_local, p, q_local, q, comm, op)
+               for x, s, m, p_local, p, q_local, q
+               in zip(xs, states, matrices, p_locals, ps, q_locals, qs)]
         return [t for t, _ in out], [new for _, new in out]
 
     def reduce(self, x, state, step, comm, op="sum"):
@@ -108,23 +108,26 @@ class PowerSGD(Compressor):
         shape = x.shape
         n, m = matrix_shape(shape)
         matrix = tf.reshape(x + tf.cast(state["residual"], x.dtype), [n, m])
-        (p,) = comm.all_reduce([matrix @ self._q(state, shape, step)], op="sum")
+        p_local = matrix @ self._q(state, shape, step)
+        (p,) = comm.all_reduce([p_local], op="sum")
         p = orthogonalize(p, self.eps)
         q_local = tf.transpose(matrix) @ p
         (q,) = comm.all_reduce([q_local], op="sum")
-        return self._finish(x, state, matrix, p, q_local, q, comm, op)
+        return self._finish(x, state, matrix, p_local, p, q_local, q, comm, op)
 
-    def _finish(self, x, state, matrix, p, q_local, q, comm, op):
+    def _finish(self, x, state, matrix, p_local, p, q_local, q, comm, op):
         """The reduced tensor and the new state (residual, warm-start Q) from P and Q."""
         shape = x.shape
-        residual = matrix - p @ tf.transpose(q_local)
+        residual = tf.reshape(matrix - p @ tf.transpose(q_local), shape)
         total = p @ tf.transpose(q)
         if op == "mean" and comm.world_size > 1:
             total = total / tf.cast(comm.world_size, total.dtype)
-        finite = tf.reduce_all(tf.math.is_finite(matrix))
+        # An inf or NaN anywhere in the matrix reaches this worker's P = M Q (inf * 0 is NaN),
+        # so P, n x r, tells whether the matrix is finite without a pass over it.
+        finite = tf.reduce_all(tf.math.is_finite(p_local))
         new_state = dict(state)
-        new_state["residual"] = tf.where(finite, tf.reshape(residual, shape), state["residual"])
-        new_state["q"] = tf.where(finite, q, state["q"])
+        new_state["residual"] = tf.cond(finite, lambda: residual, lambda: state["residual"])
+        new_state["q"] = tf.cond(finite, lambda: q, lambda: state["q"])
         return tf.reshape(total, shape), new_state
 
     # Single-worker view (used for tests and by tools that compress without reducing).

@@ -1,7 +1,7 @@
 """Random-k sparsification with a shared seed (Stich et al. 2018; Wangni et al. 2018).
 
-Every worker draws the same k indices at a given step (a stateless draw from the seed and the
-step), so the payloads line up and can be summed by an all-reduce; only values travel. Values are
+Every worker draws the same k distinct indices at a given step (a stateless draw from the seed
+and the step), so the payloads line up and can be summed by an all-reduce; only values travel. Values are
 scaled by n/k, which makes the estimate unbiased.
 """
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
-from tfdist.compression.topk import scatter
+from tfdist.compression.topk import scatter, subtract_sparse
 
 
 @register("randomk")
@@ -36,9 +36,21 @@ class RandomK(Compressor):
         return {"tensor_seed": tf.constant(seed, tf.int64)}
 
     def _indices(self, n, k, step, tensor_seed):
+        """k distinct indices, uniformly at random: the first k distinct ones of a sequence of
+        independent uniform draws (what drawing without replacement is), in O(k); in the rare
+        case the draws hold fewer than k distinct ones, the k first of a random permutation."""
         seed = tf.stack([tf.cast(self.seed, tf.int64) * 1_000_003 + tensor_seed,
                          tf.cast(step, tf.int64)])
-        return tf.argsort(tf.random.stateless_uniform([n], seed=seed))[:k]
+        # Expected repeats among m draws from n: about m^2 / 2n; draw enough to cover them.
+        draws = min(4 * n, int(k + 2 * k * k / n + 8 * (k * k / n) ** 0.5 + 64))
+        distinct = tf.unique(tf.random.stateless_uniform(
+            [draws], seed=seed, maxval=n, dtype=tf.int32)).y
+
+        def permutation():
+            return tf.argsort(tf.random.stateless_uniform([n], seed=seed))[:k]
+
+        indices = tf.cond(tf.size(distinct) >= k, lambda: distinct[:k], permutation)
+        return tf.ensure_shape(indices, [k])
 
     def compress(self, x, state, step, rank=0):
         flat = tf.reshape(x, [-1])
@@ -53,6 +65,9 @@ class RandomK(Compressor):
     def decompress(self, payload, ctx):
         shape, dtype, indices = ctx
         return scatter(payload[0], indices, shape, dtype)
+
+    def residual(self, x, payload, ctx):
+        return subtract_sparse(x, payload[0], ctx[2])
 
     def get_config(self):
         return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale}

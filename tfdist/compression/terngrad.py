@@ -7,7 +7,21 @@ import tensorflow as tf
 
 from tfdist.arguments import check_int
 from tfdist.compression import packing
-from tfdist.compression.base import Compressor, register, stateless_seed
+from tfdist.compression.base import Compressor, register, stateless_seed, xla
+
+
+@xla
+def _ternary_payload(flat, u):
+    scale = tf.reduce_max(tf.abs(flat))
+    p = tf.math.divide_no_nan(tf.abs(flat), scale)
+    keep = tf.cast(u < p, tf.int32)
+    codes = tf.where(flat < 0, -keep, keep) + 1  # {0, 1, 2}
+    return scale[None], packing.pack(codes, 2)
+
+
+@xla
+def _ternary_values(scale, words, n):
+    return tf.cast(packing.unpack(words, 2, n) - 1, tf.float32) * scale[0]
 
 
 @register("terngrad")
@@ -28,19 +42,14 @@ class TernGrad(Compressor):
 
     def compress(self, x, state, step, rank=0):
         flat = tf.cast(tf.reshape(x, [-1]), tf.float32)
-        scale = tf.reduce_max(tf.abs(flat))
-        p = tf.math.divide_no_nan(tf.abs(flat), scale)
+        # The random numbers come from TensorFlow's kernel (XLA's CPU generator is far slower).
         u = tf.random.stateless_uniform(flat.shape, seed=stateless_seed(
             self.seed, state["tensor_seed"], rank, step))
-        keep = tf.cast(u < p, tf.int32)
-        codes = tf.where(flat < 0, -keep, keep) + 1  # {0, 1, 2}
-        return (scale[None], packing.pack(codes, 2)), (x.shape, x.dtype, flat.shape[0]), state
+        return _ternary_payload(flat, u), (x.shape, x.dtype, flat.shape[0]), state
 
     def decompress(self, payload, ctx):
-        scale, words = payload
         shape, dtype, n = ctx
-        ternary = tf.cast(packing.unpack(words, 2, n) - 1, tf.float32)
-        return tf.cast(tf.reshape(ternary * scale[0], shape), dtype)
+        return tf.cast(tf.reshape(_ternary_values(*payload, n), shape), dtype)
 
     def get_config(self):
         return {"seed": self.seed}

@@ -10,11 +10,11 @@ import tensorflow as tf
 
 from tfdist.arguments import check_number
 from tfdist.compression.base import Compressor, check_ratio, num_kept, register
-from tfdist.compression.topk import scatter
+from tfdist.compression.topk import SparsePayload, largest, scatter
 
 
 @register("threshold")
-class Threshold(Compressor):
+class Threshold(SparsePayload, Compressor):
     """Sends elements with |x| >= `threshold`, at most a `max_ratio` share of them.
 
     Args:
@@ -29,8 +29,9 @@ class Threshold(Compressor):
     def compress(self, x, state, step, rank=0):
         flat = tf.reshape(x, [-1])
         k = num_kept(flat.shape[0], self.max_ratio)
-        magnitude, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
-        values = tf.where(magnitude >= self.threshold, tf.gather(flat, indices), 0.0)
+        indices = largest(tf.abs(flat), k)
+        values = tf.gather(flat, indices)
+        values = tf.where(tf.abs(values) >= self.threshold, values, tf.zeros_like(values))
         return (values, indices), (x.shape, x.dtype), state
 
     def decompress(self, payload, ctx):

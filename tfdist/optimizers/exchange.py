@@ -151,9 +151,10 @@ class GradientExchange(Part):
             pairs = [compressor.reduce(values[j], s, step, comm, op=op)
                      for j, s in zip(packed, current)]
             reduced, new_states = [r for r, _ in pairs], [s for _, s in pairs]
-        if flagged:
-            poison = tf.where(dense_reduced[-1][0] > 0, float("nan"), 0.0)
-            reduced = [r + tf.cast(poison, r.dtype) for r in reduced]
+        if flagged:  # a cond: no pass over the tensors when every worker was finite
+            reduced = tf.cond(dense_reduced[-1][0] > 0,
+                              lambda: [r + tf.constant(float("nan"), r.dtype) for r in reduced],
+                              lambda: list(reduced))
         # State moves on only if the whole exchange came out finite: the reduced values are the
         # same on every worker, so one worker's inf/NaN (which a summed payload spreads, as
         # PowerSGD's P does) leaves every worker's residuals, Q and buffers as they were.
@@ -161,8 +162,9 @@ class GradientExchange(Part):
         for j, r, state, new in zip(packed, reduced, current, new_states):
             out[j] = r
             for k, v in new.items():
-                if v is not state[k]:
-                    states[j][k].assign(tf.where(finite, v, state[k]))
+                if v is not state[k]:  # a cond, not a select: no pass over the tensor
+                    states[j][k].assign(tf.cond(finite, lambda v=v: v,
+                                                lambda old=state[k]: old))
         return out
 
     def get_config(self) -> dict[str, Any]:

@@ -29,6 +29,8 @@ SUITES = {
                "model and batch (1 process x 2 devices, 2 TF_CONFIG workers, 2 Horovod ranks)",
     "compression": "the default job dense and with each compressor config: bytes per step, "
                    "ratio to dense, test accuracy, step time",
+    "compressors": "each compressor's own work per MB of gradient (compress, pack, decompress, "
+                   "error feedback; no network)",
     "local_sgd": "local SGD (periods 2-16, SlowMo, SMA, optimizer state averaged, hierarchical): "
                  "rounds, bytes, test accuracy, step time",
     "memory": "ZeRO stages 1 and 2: bytes per replica of optimizer state, parameter shard and "

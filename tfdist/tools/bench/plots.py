@@ -51,6 +51,18 @@ def compression(rows: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def compressors(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.6))
+    ax.barh([r["compressor"] for r in rows], [r["ms_per_mb"] for r in rows], color="tab:blue")
+    for i, r in enumerate(rows):
+        ax.text(r["ms_per_mb"], i, f" {r['ms_per_mb']:.2f}", va="center", fontsize=8)
+    ax.set(xlabel="ms per MB of gradient (median)", title="compressors: own work per MB")
+    ax.invert_yaxis()
+    ax.margins(x=0.15)
+    return _save(fig, path)
+
+
 def local_sgd(rows: list[dict], path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))

@@ -368,7 +368,7 @@ def _pipeline_rows(quick: bool) -> list[dict]:
                          progress=lambda line: print(line, flush=True))
 
 
-SUITES = ("engines", "compression", "local_sgd", "memory", "pipeline")
+SUITES = ("engines", "compression", "compressors", "local_sgd", "memory", "pipeline")
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
@@ -402,6 +402,13 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
               flush=True)
         rows = _local_sgd_rows(quick, out_dir)
         table = _local_sgd_table(rows)
+    elif suite == "compressors":
+        from tfdist.tools.bench.compressors import COMPRESSORS, compressor_rows, compressor_table
+
+        print(f"bench: compressors: {len(COMPRESSORS)} compressors, one exchange each, "
+              "in this process", flush=True)
+        rows = compressor_rows(quick)
+        table = compressor_table(rows)
     elif suite == "compression":
         print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
         rows = _compression_rows(quick, out_dir)

@@ -451,3 +451,42 @@ def test_horovod_ranks_with_different_jobs_stop_with_a_message(tmp_path, mode, m
     assert result.returncode not in (0, None), result.output[-5000:]
     assert "The workers' training setups differ" in result.output
     assert message in result.output, result.output[-5000:]
+
+
+FROZEN_WORKER = os.path.join(ROOT, "tests", "workers", "frozen_worker.py")
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_a_frozen_horovod_rank_is_named_and_the_job_ends(tmp_path):
+    """Horovod's peers of a stopped rank wait forever; with tfdist.callbacks.Watchdog the rank
+    that waits ends itself after the timeout, naming the silent rank from the heartbeats."""
+    from tfdist.callbacks import WATCHDOG_EXIT
+
+    start = time.monotonic()
+    result = run_horovod([sys.executable, FROZEN_WORKER, "--engine", "horovod", "--freeze-rank",
+                          "1", "--timeout", "8", "--heartbeats", str(tmp_path / "hb")], 2,
+                         TIMEOUT, env=worker_env())
+    assert time.monotonic() - start < 150, result.output[-3000:]
+    out = result.output
+    assert result.returncode not in (0, None), out[-3000:]
+    assert "rank 1: stalling at step 4" in out and "finished" not in out, out[-3000:]
+    assert "tfdist.Watchdog: rank 0 of 2: training step 4 has run for more than 8 s" in out, \
+        out[-3000:]
+    assert "rank 1 (pid " in out and "(frozen or dead)" in out, out[-3000:]
+    assert f"exit code {WATCHDOG_EXIT}" in out
+
+
+def test_a_step_that_runs_too_long_ends_the_process_with_a_message(tmp_path):
+    import subprocess
+
+    from tfdist.callbacks import WATCHDOG_EXIT
+
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, FROZEN_WORKER, "--engine", "single", "--timeout",
+                             "3"], capture_output=True, text=True, timeout=TIMEOUT,
+                            env=worker_env())
+    assert time.monotonic() - start < 50  # the step sleeps for 60 s
+    assert result.returncode == WATCHDOG_EXIT, result.stderr[-3000:]
+    assert "training step 4 has run for more than 3 s (set $TFDIST_HEARTBEAT_DIR" \
+        in result.stderr, result.stderr[-3000:]

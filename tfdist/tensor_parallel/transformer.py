@@ -57,9 +57,9 @@ class ParallelTransformerBlock(keras.layers.Layer):
         self.activation = keras.activations.get(activation)
         self.causal = causal
         self.supports_jit = False
-        with tf.device(self.devices[0]):
-            self.attention_norm = keras.layers.LayerNormalization(name="attention_norm")
-            self.mlp_norm = keras.layers.LayerNormalization(name="mlp_norm")
+        # The norms live on the first device (built there in `build`).
+        self.attention_norm = keras.layers.LayerNormalization(name="attention_norm")
+        self.mlp_norm = keras.layers.LayerNormalization(name="mlp_norm")
         self.attention = ParallelMultiHeadAttention(num_heads, key_dim, devices=self.devices,
                                                     name="attention")
         self.mlp_in = ColumnParallelDense(ff_dim, self.devices, activation=activation,

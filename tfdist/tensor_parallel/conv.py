@@ -15,7 +15,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfdist.devices import default_devices, on_device
+from tfdist.devices import default_devices
+from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
 __all__ = ["ParallelConv2D"]
 
@@ -93,13 +94,8 @@ class ParallelConv2D(keras.layers.Layer):
                              f"{self.devices}: use a multiple of {n} channels, or "
                              "split='output'.")
         full = self.kernel_initializer((*self.kernel_size, channels, self.filters))
-        axis = 3 if self.split == "output" else 2
-        self.kernels = []
-        for d, (device, block) in enumerate(zip(self.devices, tf.split(full, n, axis=axis))):
-            with tf.device(device):
-                self.kernels.append(self.add_weight(
-                    name=f"kernel_{d}", shape=tuple(block.shape),
-                    initializer=lambda shape, dtype=None, block=block: tf.cast(block, dtype)))
+        self.kernels = add_kernel_blocks(self, self.devices, full,
+                                         axis=3 if self.split == "output" else 2)
         self.biases = []
         if self.use_bias:
             blocks = n if self.split == "output" else 1
@@ -115,27 +111,11 @@ class ParallelConv2D(keras.layers.Layer):
 
     def call(self, inputs):
         if self.split == "output":
-            outs = []
-            for d, device in enumerate(self.devices):
-                def block(x, kernel, *bias):
-                    y = self._conv(x, kernel)
-                    return self.activation(y + bias[0] if bias else y)
-                bias = [self.biases[d].value] if self.use_bias else []
-                outs.append(on_device(device, block, inputs, self.kernels[d].value, *bias))
-            if not self.gather_output:
-                return outs
-            with tf.device(self.devices[0]):
-                return tf.concat(outs, axis=-1)
-        n = len(self.devices)
-        parts = list(inputs) if self.input_is_parallel else None
-        if parts is None:
-            with tf.device(self.devices[0]):
-                parts = tf.split(inputs, n, axis=-1)
-        partial = [on_device(device, self._conv, parts[d], self.kernels[d].value)
-                   for d, device in enumerate(self.devices)]
-        with tf.device(self.devices[0]):
-            y = tf.add_n(partial)
-            return self.activation(y + self.biases[0] if self.use_bias else y)
+            return split_outputs(self._conv, self.devices, inputs, self.kernels, self.biases,
+                                 self.activation, self.gather_output)
+        return split_inputs(self._conv, self.devices, inputs, self.kernels,
+                            self.biases[0] if self.use_bias else None, self.activation,
+                            self.input_is_parallel)
 
     def compute_output_shape(self, input_shape):
         shape = input_shape[0] if self.input_is_parallel else input_shape

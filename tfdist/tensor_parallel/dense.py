@@ -7,7 +7,7 @@ device d multiplies its slice of the input by its block of rows, and the partial
 summed before the bias and the activation. A column layer with `gather_output=False` followed by
 a row layer with `input_is_parallel=True` is Megatron's MLP: one sum per pair, no gather between.
 
-Each device's forward and backward kernels run on that device (`on_device`); a layer with n
+Each device's forward and backward kernels run on that device (`split.py`); a layer with n
 devices holds n kernel blocks, each where it is used.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.devices import default_devices, on_device
+from tfdist.devices import default_devices
+from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
 __all__ = ["ColumnParallelDense", "RowParallelDense"]
 
@@ -37,17 +38,7 @@ class _Parallel(keras.layers.Layer):
 
     def _blocks(self, full_shape, axis: int) -> list:
         """One kernel block per device, initialized as slices of one full kernel."""
-        n = len(self.devices)
-        full = self.kernel_initializer(full_shape)
-        size = full_shape[axis] // n
-        blocks = []
-        for d, device in enumerate(self.devices):
-            block = full[:, d * size:(d + 1) * size] if axis == 1 else full[d * size:(d + 1) * size]
-            with tf.device(device):
-                blocks.append(self.add_weight(
-                    name=f"kernel_{d}", shape=tuple(block.shape),
-                    initializer=lambda shape, dtype=None, block=block: tf.cast(block, dtype)))
-        return blocks
+        return add_kernel_blocks(self, self.devices, self.kernel_initializer(full_shape), axis)
 
     def load_from(self, layer: keras.layers.Dense) -> None:
         """Takes an unsplit `keras.layers.Dense`'s kernel and bias."""
@@ -92,17 +83,8 @@ class ColumnParallelDense(_Parallel):
                         initializer=self.bias_initializer))
 
     def call(self, inputs):
-        outs = []
-        for d, device in enumerate(self.devices):
-            def block(x, kernel, *bias):
-                y = tf.matmul(x, kernel)
-                return self.activation(y + bias[0] if bias else y)
-            bias = [self.biases[d].value] if self.use_bias else []
-            outs.append(on_device(device, block, inputs, self.kernels[d].value, *bias))
-        if not self.gather_output:
-            return outs
-        with tf.device(self.devices[0]):
-            return tf.concat(outs, axis=-1)
+        return split_outputs(tf.matmul, self.devices, inputs, self.kernels, self.biases,
+                             self.activation, self.gather_output)
 
     def compute_output_shape(self, input_shape):
         n = len(self.devices)
@@ -149,16 +131,9 @@ class RowParallelDense(_Parallel):
                                             initializer=self.bias_initializer)
 
     def call(self, inputs):
-        n = len(self.devices)
-        parts = list(inputs) if self.input_is_parallel else None
-        if parts is None:
-            with tf.device(self.devices[0]):
-                parts = tf.split(inputs, n, axis=-1)
-        partial = [on_device(device, tf.matmul, parts[d], self.kernels[d].value)
-                   for d, device in enumerate(self.devices)]
-        with tf.device(self.devices[0]):
-            y = tf.add_n(partial)
-            return self.activation(y + self.bias if self.use_bias else y)
+        return split_inputs(tf.matmul, self.devices, inputs, self.kernels,
+                            self.bias if self.use_bias else None, self.activation,
+                            self.input_is_parallel)
 
     def compute_output_shape(self, input_shape):
         shape = input_shape[0] if self.input_is_parallel else input_shape

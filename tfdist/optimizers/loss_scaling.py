@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.comm.holes import Holes
+from tfdist.optimizers.nan_policy import zero_nonfinite
 from tfdist.optimizers.parts import Part
 
 
@@ -47,9 +48,7 @@ class DynamicLossScaling(Part):
             ctx.comm.cond(finite, apply_finite, skip_non_finite, args=holes.values)
 
         def apply_local(local):  # one replica's own gradients: no shared decision possible
-            (ctx.apply_local or apply)(
-                [None if g is None else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
-                 for g in local])
+            (ctx.apply_local or apply)(zero_nonfinite(local))
 
         next(ctx.replace(apply=apply_if_finite, apply_local=apply_local), unscaled)
 

@@ -27,6 +27,31 @@ def all_finite(tensors) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
+def zero_nonfinite(grads) -> list:
+    """The gradients with their non-finite elements replaced by zeros (None stays None)."""
+    return [None if g is None else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
+            for g in grads]
+
+
+def report_nonfinite(comm, policy: str, step, mine,
+                     instead: str = "nan_policy='skip' (or loss scaling)") -> None:
+    """Inside the branch every worker takes on a non-finite step: under "raise", all-reduces
+    each rank's flag (`mine`: a one-hot row, 1 in this rank's slot if its own gradients were
+    non-finite) and fails naming the step and those ranks (and `instead`, what skips them)."""
+    if policy == "raise":
+        (ranks,) = comm.all_reduce([mine])
+        tf.debugging.Assert(tf.constant(False), [
+            "tfdist: non-finite gradients at optimizer step", step,
+            "; ranks whose own gradients were non-finite (1 = yes):", ranks,
+            f"; {instead} skips such steps instead"], summarize=comm.world_size)
+
+
+def own_flag(comm, grads) -> tf.Tensor:
+    """This rank's row for `report_nonfinite`."""
+    return tf.one_hot(tf.cast(comm.rank, tf.int32), comm.world_size) * tf.cast(
+        tf.logical_not(all_finite(grads)), tf.float32)
+
+
 class NanPolicy(Part):
     """Non-finite gradients stop training with an error (`"raise"`, the default) or skip the
     step on every worker (`"skip"`; counted in `skipped_steps`).
@@ -62,9 +87,7 @@ class NanPolicy(Part):
 
     def step(self, ctx, grads, next) -> None:
         comm, policy = ctx.comm, self.policy
-        n = comm.world_size
-        mine = tf.one_hot(tf.cast(comm.rank, tf.int32), n) * tf.cast(
-            tf.logical_not(all_finite(grads)), tf.float32)  # this replica's flag, in its slot
+        mine = own_flag(comm, grads)
         step = tf.convert_to_tensor(ctx.owner.iterations)
         apply = ctx.apply
 
@@ -74,14 +97,8 @@ class NanPolicy(Part):
             def finite(*args):
                 apply(holes.refill(args[:-1]))
 
-            def non_finite(*args):
-                (ranks,) = comm.all_reduce([args[-1]])  # every worker is in this branch
-                if policy == "raise":
-                    tf.debugging.Assert(tf.constant(False), [
-                        "tfdist: non-finite gradients at optimizer step", step,
-                        "; ranks whose own gradients were non-finite (1 = yes):", ranks,
-                        "; nan_policy='skip' (or loss scaling) skips such steps instead"],
-                        summarize=n)
+            def non_finite(*args):  # every worker is in this branch
+                report_nonfinite(comm, policy, step, args[-1])
                 self._skipped.assign_add(1)
 
             comm.cond(all_finite(holes.values), finite, non_finite, args=[*holes.values, mine])
@@ -93,9 +110,7 @@ class NanPolicy(Part):
                                          step, "on replica", comm.rank])
                 (ctx.apply_local or apply)(local)
             else:
-                (ctx.apply_local or apply)(
-                    [None if g is None else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
-                     for g in local])
+                (ctx.apply_local or apply)(zero_nonfinite(local))
 
         next(ctx.replace(apply=checked, apply_local=checked_local), grads)
 

@@ -33,7 +33,7 @@ from tfdist._hooks.optimizer import replace_method
 from tfdist.arguments import check_int
 from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
-from tfdist.optimizers.nan_policy import all_finite
+from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
 from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
@@ -263,13 +263,9 @@ class ZeroOptimizer(DistributedOptimizer):
                 var.assign(tf.cast(value, var.dtype))
 
         def reject(grad_shard, mine):  # every replica is here: no state moves
-            if self.nan_policy == "raise":
-                (ranks,) = comm.all_reduce(
-                    [tf.one_hot(tf.cast(comm.rank, tf.int32), comm.world_size) * mine])
-                tf.debugging.Assert(tf.constant(False), [
-                    "tfdist: non-finite gradients at optimizer step", self.inner_optimizer.iterations,
-                    "; ranks whose own gradients were non-finite (1 = yes):", ranks,
-                    "; nan_policy='skip' skips such steps instead"], summarize=comm.world_size)
+            row = tf.one_hot(tf.cast(comm.rank, tf.int32), comm.world_size) * mine
+            report_nonfinite(comm, self.nan_policy, self.inner_optimizer.iterations, row,
+                             instead="nan_policy='skip'")
             self._skipped.assign_add(1)
 
         comm.cond(tf.equal(nonfinite, 0.0), update, reject, args=[grad_shard, mine])

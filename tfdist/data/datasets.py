@@ -111,14 +111,7 @@ def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = 
             [per_epoch, global_batch_size])))
         return batches.skip(first - first_epoch * per_epoch)
 
-    if callable(start):
-        def first_batch():
-            yield _check_start(start())
-        origin = tf.data.Dataset.from_generator(
-            first_batch, output_signature=tf.TensorSpec((), tf.int64))
-    else:
-        origin = tf.data.Dataset.from_tensors(tf.constant(_check_start(start), tf.int64))
-    return origin.flat_map(sequence).map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+    return _origin(start).flat_map(sequence).map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
 
 
 def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.Dataset:
@@ -128,12 +121,19 @@ def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.
     every time (a fixed shuffle seed)."""
     if not callable(start):
         return dataset.skip(_check_start(start))
+    return _origin(start).flat_map(dataset.skip)
+
+
+def _origin(start: int | Callable[[], int]) -> tf.data.Dataset:
+    """One element, the first global batch to produce: `start`, or `start()` read whenever an
+    iterator is created."""
+    if not callable(start):
+        return tf.data.Dataset.from_tensors(tf.constant(_check_start(start), tf.int64))
 
     def first():
         yield _check_start(start())
 
-    return tf.data.Dataset.from_generator(first, output_signature=tf.TensorSpec(
-        (), tf.int64)).flat_map(dataset.skip)
+    return tf.data.Dataset.from_generator(first, output_signature=tf.TensorSpec((), tf.int64))
 
 
 def _check_start(start) -> int:

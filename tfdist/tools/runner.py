@@ -416,21 +416,22 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         if config["train"]["resize_policy"] == "throughput":
             callbacks.append(ElasticResize(backup, micro_batch,
                                            every=config["train"]["resize_every"]))
-    batches = data.global_batches(micro_batch, data_cfg["seed"], start)
+    def batches():  # the same sequence of global batches, whichever engine slices it
+        return data.global_batches(micro_batch, data_cfg["seed"], start)
+
     if job.name == "horovod":
         import tfdist.horovod as thvd
 
-        dataset = shard_batches(batches, job.rank, job.world_size)
+        dataset = shard_batches(batches(), job.rank, job.world_size)
         callbacks += [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
         if warmup:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
     elif job.strategy is not None:
-        dataset = distribute_batches(job.strategy, lambda: data.global_batches(
-            micro_batch, data_cfg["seed"], start))
+        dataset = distribute_batches(job.strategy, batches)
         if warmup:
             callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"]))
     else:
-        dataset = batches
+        dataset = batches()
     timer, counter = StepTimer(), BatchCounter()
     callbacks += [timer, counter]
     counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import horovod_available
 from tests.test_emulated import needs_netns
 from tfdist.tools import emulated
-from tfdist.tools.bench.comm import LIMIT, load_plan, run_comm
+from tfdist.tools.bench.comm import LIMIT, auto_check, load_plan, run_comm
 from tfdist.tools.config import ConfigError
 
 SPEC = """
@@ -132,3 +132,19 @@ def test_a_failed_run_is_reported_and_leaves_nothing_behind(tmp_path):
     saved = json.loads((out / "comm.json").read_text())
     assert len(saved["failures"]) == 3 and "exited with [None, None]" in saved["failures"][0]
     assert not _ours()
+
+
+def test_auto_is_judged_against_the_fixed_algorithms_of_its_run():
+    plan = load_plan(quick=True)
+
+    def row(algorithm, seconds, link="100mbit", choice=None):
+        return {"hosts": 2, "bandwidth": link, "algorithm": algorithm,
+                "time_to_target_s": seconds, "auto_choice": choice}
+
+    rows = [row("dense_keras", 45.0), row("powersgd", 8.0), row("auto", 8.8, choice="powersgd"),
+            row(LIMIT, 1.0), row("dense_keras", 3.0, "10gbit"), row("fp16", 2.5, "10gbit"),
+            row("auto", None, "10gbit", "fp16")]
+    lines = auto_check(plan, rows).splitlines()
+    assert lines[2] == "| 2 | 100mbit | powersgd | 8.8 | 1.10x (powersgd) | 0.20x |"
+    assert lines[3] == "| 2 | 10gbit | fp16 | not reached | n/a (fp16) | n/a |"
+    assert auto_check(plan, rows[:2]) == ""  # no auto row, no table

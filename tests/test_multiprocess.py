@@ -186,6 +186,34 @@ def test_horovod_identity_compressor_equals_plain_synchronous(mirrored, worker_c
     common.assert_weights_close(w0, _reference(mirrored), rtol=0, atol=1e-6)
 
 
+def _assert_same_auto_pick(out):
+    stats = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    picks = [s["auto"] for s in stats]
+    assert picks[0]["choice"] in ("powersgd", "fp16", "dense") and picks[0]["decisions"] == 1
+    assert picks[0] == picks[1]  # the same pick from the same (all-gathered) numbers
+    assert stats[0]["bytes_sent"] == stats[1]["bytes_sent"]
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+
+
+def test_auto_exchange_picks_the_same_on_two_tf_config_workers(worker_cmd, tmp_path):
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
+         "--steps", "12", "--auto-exchange"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_same_auto_pick(tmp_path)
+
+
+@needs_horovod
+@pytest.mark.horovod
+def test_auto_exchange_picks_the_same_on_two_horovod_ranks(worker_cmd, tmp_path):
+    result = run_horovod(
+        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--hidden", "64",
+         "--steps", "12", "--auto-exchange"], 2, TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    _assert_same_auto_pick(tmp_path)
+
+
 def test_accordion_decisions_agree_across_tf_config_workers(worker_cmd, tmp_path):
     results = run_tf_workers(
         [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",

@@ -39,6 +39,8 @@ def main() -> None:
                    help="INTRA,INTER,HOST_SIZE: hierarchical local SGD (warm-up 1)")
     p.add_argument("--zero", type=int, default=0, help="ZeroOptimizer stage (0: off)")
     p.add_argument("--offload", default=None, help="ZeroOptimizer offload: cpu or disk")
+    p.add_argument("--auto-exchange", action="store_true",
+                   help="the exchange picked from the measured link (AutoExchange)")
     p.add_argument("--accordion", action="store_true",
                    help="train with Adaptive(TopK(0.5), TopK(0.05)) + Accordion(interval=2)")
     p.add_argument("--strategy-compressor", default=None,
@@ -103,6 +105,8 @@ def main() -> None:
         extra.update(compressor={"name": "adaptive", "low": {"name": "topk", "ratio": 0.5},
                                  "high": {"name": "topk", "ratio": 0.05}},
                      min_compress_size=1024, callbacks=[accordion])
+    if args.auto_exchange:
+        extra["algorithm"] = "auto"
     if args.checkpoint:  # save_best_only: the ranks' losses differ, rank 0's decides
         checkpoint = tfdist.callbacks.ModelCheckpoint(args.checkpoint, monitor="loss",
                                                       save_best_only=True)
@@ -125,6 +129,8 @@ def main() -> None:
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
     if args.checkpoint:  # where this rank's callback wrote
         record["checkpoint"] = extra["callbacks"][-1].filepath
+    if args.auto_exchange:
+        record["auto"] = stats.part(tfdist.optimizers.AutoExchange).report()
     if accordion is not None:
         record["decisions"] = [d.astype(int).tolist() for d in accordion.decisions]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

@@ -1,13 +1,15 @@
 """Keras 3 optimizer wrappers assembled from parts (see `tfdist.optimizers.parts`).
 
 * `DistributedOptimizer(inner, *parts, ...)`: the wrapper, on any engine;
-* the parts: `GradientExchange` (dense or compressed), `Accumulation`, `LocalSGD`,
+* the parts: `GradientExchange` (dense or compressed), `AutoExchange` (picked from the measured
+  link), `Accumulation`, `LocalSGD`,
   `TrackNorms`, `DynamicLossScaling` (from `loss_scale`), `NanPolicy` (from `nan_policy`);
 * `Chain` and `chain_of(optimizer)`: the parts and counters behind any tfdist optimizer (also a
   Keras optimizer a tfdist strategy attached to).
 """
 
 from tfdist.optimizers.accumulation import Accumulation
+from tfdist.optimizers.auto import AutoExchange, Candidate
 from tfdist.optimizers.chain import Chain, chain_of
 from tfdist.optimizers.distributed import DistributedOptimizer
 from tfdist.optimizers.exchange import GradientExchange
@@ -17,6 +19,6 @@ from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part, StepContext, Traffic
 
-__all__ = ["Accumulation", "Chain", "DistributedOptimizer", "DynamicLossScaling",
+__all__ = ["Accumulation", "AutoExchange", "Candidate", "Chain", "DistributedOptimizer", "DynamicLossScaling",
            "GradientExchange", "LocalSGD", "NanPolicy", "Part", "StepContext", "TrackNorms",
            "Traffic", "chain_of"]

@@ -29,6 +29,7 @@ from tfdist.averaging import outer as outer_rules
 from tfdist.comm import Engine, get_engine
 from tfdist.compression import Adaptive
 from tfdist.optimizers.accumulation import Accumulation
+from tfdist.optimizers.auto import AutoExchange
 from tfdist.optimizers.chain import Chain
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD, schedule_from_config
@@ -38,22 +39,30 @@ from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part
 
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
+ALGORITHMS = (None, "auto")
 # Parts saved in a model's config, by class name.
 PARTS: dict[str, type[Part]] = {cls.__name__: cls for cls in
-                                (GradientExchange, Accumulation, TrackNorms, LocalSGD)}
-SHORTCUTS = ("accumulation_steps", "variable_accumulation", "compressor", "min_compress_size",
+                                (GradientExchange, AutoExchange, Accumulation, TrackNorms,
+                                 LocalSGD)}
+SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor", "min_compress_size",
              "compress_1d", "compression_start_step", "batched", "track_norms", "local_sgd",
              "slowmo", "sma", "outer", "averaging_topology", "average_optimizer_state")
 
 
-def parts_from_shortcuts(accumulation_steps: int = 1, variable_accumulation: bool = False,
+def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int = 1,
+                         variable_accumulation: bool = False,
                          compressor=None, min_compress_size: int = 1024,
                          compress_1d: bool = False, compression_start_step: int = 0,
                          batched: bool = True, track_norms: bool = False, local_sgd=None,
                          slowmo=None, sma=None, outer=None, averaging_topology: str = "all",
                          average_optimizer_state: bool = False) -> list[Part]:
     """The parts that the keyword shortcuts of `DistributedOptimizer` describe."""
-    parts: list[Part] = [GradientExchange(compressor, min_compress_size, compress_1d,
+    check_choice("algorithm", algorithm, ALGORITHMS)
+    if algorithm == "auto" and compressor is not None:
+        raise ValueError(f"`algorithm='auto'` picks the compressor itself; give no `compressor`. "
+                         f"Received: compressor={compressor!r}")
+    parts: list[Part] = [AutoExchange() if algorithm == "auto" else
+                         GradientExchange(compressor, min_compress_size, compress_1d,
                                           compression_start_step, batched)]
     if accumulation_steps != 1 or isinstance(accumulation_steps, bool) or variable_accumulation:
         parts.append(Accumulation(accumulation_steps, variable_accumulation))
@@ -100,7 +109,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     under the `mixed_float16` policy. Unlike Keras' own, it checks the *reduced* gradients for
     inf/NaN, so every worker makes the same skip decision.
 
-    Keyword shortcuts (the same parts, as keyword arguments): `accumulation_steps`,
+    Keyword shortcuts (the same parts, as keyword arguments): `algorithm="auto"` (an
+    `AutoExchange`: the exchange picked from the measured link); `accumulation_steps`,
     `variable_accumulation` (an `Accumulation`); `compressor`, `min_compress_size`,
     `compress_1d`, `compression_start_step`, `batched` (a `GradientExchange`); `track_norms`
     (a `TrackNorms`); `local_sgd` (a schedule), `slowmo` / `sma` / `outer`,

@@ -156,6 +156,9 @@ def _print_summary(s: dict) -> None:
     print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
           f"{s['final_train_accuracy']:.4f}, last epoch)")
     comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
+    if s.get("auto"):
+        picked = s["auto"]["choice"] or "still measuring when training ended"
+        comp = f"auto: {picked} (picked from the measured link; numbers in summary.json)"
     if s.get("averaging_period"):
         avg = s["config"]["averaging"]
         comp = f"none; local SGD, averaging every {s['averaging_period']} steps"

@@ -133,8 +133,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     lambda v: v > 0, 64, most=2**30),
     },
     "compression": {
-        "name": _choice(tuple(sorted(COMPRESSORS)), "none"),
-        "options": Field({}, (dict,), "a mapping of the compressor's arguments (e.g. ratio: 0.01)"),
+        "name": _choice(("auto",) + tuple(sorted(COMPRESSORS)), "none"),
+        "options": Field({}, (dict,), "a mapping of the compressor's arguments (e.g. ratio: 0.01; "
+                         "for auto: probe_steps, explore, candidates, ...)"),
         "error_feedback": Field(False, (bool,), "true or false"),
         "min_size": _int("an integer >= 0 (smaller tensors are sent dense)", lambda v: v >= 0,
                          1024),
@@ -265,6 +266,9 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
             f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
             f"optimizer.accumulation_steps ({c['optimizer']['accumulation_steps']})")
     comp, avg = c["compression"], c["averaging"]
+    if comp["name"] == "auto" and comp["error_feedback"]:
+        errors.append("compression.error_feedback: compression.name 'auto' picks among exchanges "
+                      "with their own error handling; set error_feedback to false")
     if avg["period"] is None:
         for key in ("outer", "intra_period", "host_size"):
             if avg[key] is not None:
@@ -331,11 +335,13 @@ def make_parts(c: dict[str, dict[str, Any]]) -> list:
 def _part_makers(c: dict[str, dict[str, Any]]):
     """(section, function building that section's parts), one per section."""
     from tfdist.averaging import HierarchicalSchedule, PeriodicSchedule
-    from tfdist.optimizers import Accumulation, GradientExchange, LocalSGD
+    from tfdist.optimizers import Accumulation, AutoExchange, GradientExchange, LocalSGD
 
     comp, avg, opt = c["compression"], c["averaging"], c["optimizer"]
 
     def exchange():
+        if comp["name"] == "auto":  # picked from the measured link (tfdist.optimizers.auto)
+            return [AutoExchange(**comp["options"])]
         return [GradientExchange(make_compressor(comp), comp["min_size"], comp["compress_1d"],
                                  comp["start_step"], comp["batched"])]
 
@@ -361,7 +367,7 @@ def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:
     for section, make in _part_makers(c):
         try:
             make()
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             errors.append(f"{section}: {e}")
     return errors
 

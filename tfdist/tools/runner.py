@@ -51,7 +51,7 @@ from tfdist.data import (
     synthetic_classification,
 )
 from tfdist.devices import local_devices
-from tfdist.optimizers import DistributedOptimizer, chain_of
+from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.tools.config import ConfigError, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
@@ -482,6 +482,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "trainable_parameters": trainable,
         "gradient_bytes_per_round": 4 * trainable,
         "compressor": compression.serialize(getattr(optimizer, "compressor", None)),
+        "auto": _auto_report(optimizer),
         "dense_bytes_per_step": dense_per_step,
         "bytes_ratio_vs_dense": (bytes_sent / total_steps / dense_per_step
                                  if dense_per_step else None),
@@ -510,6 +511,13 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         summary["summary_path"] = str(run_dir / SUMMARY)
     keras.config.set_dtype_policy("float32")
     return summary
+
+
+def _auto_report(optimizer) -> dict[str, Any] | None:
+    """compression.name auto: the exchange it picked, with the numbers it picked it on."""
+    chain = chain_of(optimizer)
+    auto = chain.part(AutoExchange) if chain is not None else None
+    return auto.report() if auto is not None else None
 
 
 def _backup(config: dict[str, Any], run_dir: Path, job: Job):

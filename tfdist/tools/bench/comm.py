@@ -38,6 +38,7 @@ from tfdist.tools.config import ConfigError, configs_dir, load_config, read_yaml
 
 SPEC = "bench/comm.yaml"
 LIMIT = "limit"
+AUTO = "auto"  # the exchange picked from the measured link: judged against the fixed ones
 _SPEC_KEYS = {"job", "target_accuracy", "hosts", "bandwidths", "delay", "run_timeout_seconds",
               "algorithms", "default_algorithms", "quick"}
 
@@ -285,6 +286,7 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
             "collectives_per_step": s["collectives_per_step"],
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / steps,
             "step_ms": s["step_ms_median"], "parameters": s["trainable_parameters"],
+            "auto_choice": (s.get("auto") or {}).get("choice"),
             "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
                       for r in s["epoch_log"]]}
 
@@ -361,8 +363,9 @@ def table(plan: Plan, rows: list[dict]) -> str:
         speedup = (f"{b['time_to_target_s'] / r['time_to_target_s']:.2f}x"
                    if b and b["time_to_target_s"] and r["time_to_target_s"] else "n/a")
         counted = f"{r['bytes_per_step']:,.0f}" + ("" if r["bytes_counted"] else " (formula)")
+        label = r["label"] + (f": picked {r['auto_choice']}" if r.get("auto_choice") else "")
         lines.append(
-            f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | {_fmt_time(r['time_to_target_s'])}"
+            f"| {r['hosts']} | {r['bandwidth']} | {label} | {_fmt_time(r['time_to_target_s'])}"
             f" | {speedup} | {r['final_accuracy']:.4f} | "
             + (f"{100 * (r['final_accuracy'] - b['final_accuracy']):+.1f}" if b else "n/a")
             + f" | {counted} | {r['wire_bytes_per_step']:,.0f} | "
@@ -446,7 +449,7 @@ def decisions(plan: Plan, rows: list[dict]) -> str:
         base = next((r for r in here if r["algorithm"] == baseline), None)
         if base is None:
             continue
-        ok = sorted((r for r in here if r["algorithm"] != LIMIT
+        ok = sorted((r for r in here if r["algorithm"] not in (LIMIT, AUTO)
                      and not r["algorithm"].endswith("_per_tensor")
                      and r["time_to_target_s"] is not None
                      and r["final_accuracy"] >= base["final_accuracy"] - ACCURACY_SLACK),
@@ -462,6 +465,32 @@ def decisions(plan: Plan, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_check(plan: Plan, rows: list[dict]) -> str:
+    """How `auto` did against the fixed algorithms of the same run: its time to the target over
+    the fastest fixed algorithm's and over the dense all-reduce's (tfdist's, else the
+    baseline)."""
+    lines = ["| hosts | link | auto picked | time to target (s) | vs fastest fixed | "
+             "vs dense |", "|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        if r["algorithm"] != AUTO:
+            continue
+        here = [x for x in rows if (x["hosts"], x["bandwidth"]) == (r["hosts"], r["bandwidth"])
+                and x["algorithm"] not in (LIMIT, AUTO) and x["time_to_target_s"]]
+        fastest = min(here, key=lambda x: x["time_to_target_s"], default=None)
+        dense = next((x for key in ("dense", plan.algorithms[0].key) for x in here
+                      if x["algorithm"] == key), None)
+
+        def ratio(other, mine=r["time_to_target_s"]):
+            return "n/a" if other is None or not mine else \
+                f"{mine / other['time_to_target_s']:.2f}x"
+
+        fastest_note = f" ({fastest['algorithm']})" if fastest is not None else ""
+        lines.append(f"| {r['hosts']} | {r['bandwidth']} | {r.get('auto_choice')} | "
+                     f"{_fmt_time(r['time_to_target_s'])} | {ratio(fastest)}{fastest_note} | "
+                     f"{ratio(dense)} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
           command: str) -> None:
     text = table(plan, rows)
@@ -472,6 +501,11 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
         f"among those ending within {100 * ACCURACY_SLACK:g} point of the baseline's final "
         f"accuracy):"
         f"\n\n{picks}\n")
+    auto = auto_check(plan, rows)
+    if auto:
+        with (out_dir / "decisions.md").open("a") as f:
+            f.write(f"\nThe `auto` exchange, against the fixed algorithms of the same run:\n\n"
+                    f"{auto}\n")
     meta: dict[str, Any] = {
         "command": command, "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
         "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}

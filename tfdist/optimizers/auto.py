@@ -1,0 +1,414 @@
+"""`AutoExchange`: the gradient exchange picked from the measured link, during training.
+
+Which exchange trains fastest depends on the link: PowerSGD wins by 6-7x at 100 Mbit/s and loses
+at 10 Gbit/s, where FP16 or the dense all-reduce win (the README's comm-suite tables). This part
+measures instead of asking the user to know:
+
+1. At its first exchange it times all-reduces of 4 bytes (latency) and of `probe_bytes` bytes
+   (bandwidth) over the real workers.
+2. It then trains with each candidate in turn for `probe_steps` steps (the first step of each
+   not measured), timing the whole step and the exchange alone with `tf.timestamp` inside the
+   traced step. A candidate is only tried if the link model (latency x collective calls + wire
+   bytes / bandwidth, with the compute time measured on the candidates already tried) predicts
+   it within `explore` x the best time measured so far: on a slow link the dense all-reduce is
+   never run.
+3. It picks the candidate with the least estimated time to a given accuracy: step time x the
+   candidate's `steps_factor`, the steps it needs relative to the dense all-reduce (from the
+   comm suite's loss curves, not a guess about accuracy: PowerSGD rank 2 reached 95% after
+   about 2x the dense steps on the 5.5M-parameter job, FP16 after the same).
+4. It keeps the smallest step time of every `recheck_every` steps; when it drifts by more than
+   `drift` from the time the decision was made with, it measures again.
+
+Every worker takes the same decision: the measurements are all-gathered and the slowest
+worker's numbers (the one a synchronous step waits for) decide, the same arithmetic on the same
+values. Each decision is printed once (by rank 0) with its numbers, and `report()` returns them.
+The state (the pick, the measurements) lives in optimizer variables: a resumed job keeps its
+pick. Candidates keep their own compressor state (PowerSGD's Q), so switching back is cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import sys
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist import compression
+from tfdist.arguments import check_int, check_number
+from tfdist.comm import ByteCounter, ring_bytes
+from tfdist.comm.holes import Holes
+from tfdist.optimizers.exchange import GradientExchange
+from tfdist.optimizers.parts import Part
+
+PROBE_LINK, PROBING, DECIDED = 0, 1, 2
+INF = np.float64(np.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One exchange `AutoExchange` may pick.
+
+    Attributes:
+        name: How decisions and reports name it.
+        compressor: A compressor, its registry name or config; None for the dense all-reduce.
+        steps_factor: Steps it needs to reach a given accuracy, relative to the dense
+            all-reduce (1.0: the same).
+    """
+
+    name: str
+    compressor: Any = None
+    steps_factor: float = 1.0
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "compressor": compression.serialize(
+            compression.get(self.compressor)), "steps_factor": self.steps_factor}
+
+
+# Tried in this order: the least bytes first, so a slow link never runs the expensive ones.
+DEFAULT_CANDIDATES = (
+    Candidate("powersgd", {"name": "powersgd", "rank": 2}, 2.0),
+    Candidate("fp16", "fp16", 1.0),
+    Candidate("dense", None, 1.0),
+)
+
+
+def _candidate(value) -> Candidate:
+    if isinstance(value, Candidate):
+        return value
+    if isinstance(value, dict) and set(value) <= {"name", "compressor", "steps_factor"} \
+            and "name" in value:
+        return Candidate(**value)
+    raise ValueError(f"A candidate is a tfdist.optimizers.Candidate or a mapping with `name`, "
+                     f"`compressor` and `steps_factor`. Received: {value!r}")
+
+
+class _Recorder(ByteCounter):
+    """Counts like the step's counter and also keeps, at trace time, the bytes and calls of the
+    exchange being traced (a candidate's static cost)."""
+
+    def __init__(self, inner: ByteCounter | None):
+        super().__init__(inner.variable if inner else None, inner.calls if inner else None)
+        self.counting = inner is not None
+        self.nbytes = 0.0
+        self.ncalls = 0
+
+    def add(self, nbytes: float) -> None:
+        self.nbytes += nbytes
+        if self.counting:
+            super().add(nbytes)
+
+    def add_call(self) -> None:
+        self.ncalls += 1
+        if self.counting:
+            super().add_call()
+
+
+def estimates(step_s, exchange_s, link, calls, wire_bytes, factors):
+    """Each candidate's estimated step time (measured, or compute + the link model) and its time
+    per dense-step-equivalent (step time x steps factor). Measured entries are finite.
+
+    Args:
+        step_s, exchange_s: [K] measured step and exchange seconds (inf: not measured).
+        link: [2] latency in seconds and seconds per byte.
+        calls, wire_bytes: [K] each candidate's collective calls and wire bytes per step.
+        factors: [K] steps factors.
+    """
+    measured = tf.math.is_finite(step_s)
+    compute = tf.reduce_min(tf.where(measured, step_s - exchange_s, INF))
+    compute = tf.where(tf.math.is_finite(compute), tf.maximum(compute, 0.0), 0.0)
+    model = compute + calls * link[0] + wire_bytes * link[1]
+    step = tf.where(measured, step_s, model)
+    return step, step * factors
+
+
+def next_move(step_s, exchange_s, link, calls, wire_bytes, factors, current, explore):
+    """After candidate `current` was measured: (the next candidate to measure, or -1 to decide,
+    the best candidate, every candidate's estimated step time).
+
+    The next one is the first after `current` (in the candidates' order) whose estimated time
+    per dense-step-equivalent is within `explore` x the best measured one."""
+    step, cost = estimates(step_s, exchange_s, link, calls, wire_bytes, factors)
+    measured = tf.math.is_finite(step_s)
+    best_measured = tf.reduce_min(tf.where(measured, cost, INF))
+    k = tf.shape(step_s, out_type=tf.int64)[0]
+    later = tf.range(k) > current
+    worth = later & tf.logical_not(measured) & (cost <= explore * best_measured)
+    nxt = tf.where(tf.reduce_any(worth), tf.argmax(tf.cast(worth, tf.int32), output_type=tf.int64),
+                   tf.constant(-1, tf.int64))
+    return nxt, tf.argmin(cost, output_type=tf.int64), step
+
+
+class AutoExchange(Part):
+    """Picks the gradient exchange (dense, FP16, PowerSGD, ...) from the measured link while
+    training; see the module docstring for how.
+
+    Args:
+        candidates: The exchanges to choose from, in the order they are tried (fewest bytes
+            first): `Candidate`s or mappings. Defaults to PowerSGD rank 2, FP16, dense.
+        probe_steps: Steps each tried candidate trains for (the first not measured). Defaults to 3.
+        probe_bytes: Size of the bandwidth probe's all-reduce. Defaults to 512 KiB.
+        explore: A candidate is tried when predicted within this factor of the best measured.
+            Defaults to 1.5.
+        recheck_every: Steps between checks of the step time against the decision's. Defaults
+            to 200.
+        drift: Relative change of the step time that makes it measure again. Defaults to 0.25.
+
+    Example:
+        ```python
+        opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3), algorithm="auto")
+        ```
+    """
+
+    position = GradientExchange.position
+
+    def __init__(self, candidates=None, probe_steps: int = 3, probe_bytes: int = 1 << 19,
+                 explore: float = 1.5, recheck_every: int = 200, drift: float = 0.25):
+        given = DEFAULT_CANDIDATES if candidates is None else candidates
+        if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
+            raise ValueError(f"`candidates` must be a list of candidates. Received: {given!r}")
+        self.candidates = [_candidate(c) for c in given]
+        names = [c.name for c in self.candidates]
+        if not self.candidates or len(set(names)) != len(names):
+            raise ValueError(f"`candidates` must be a non-empty list with distinct names. "
+                             f"Received names: {names}")
+        for c in self.candidates:
+            check_number(f"steps_factor of candidate {c.name!r}", c.steps_factor, 0,
+                         low_open=True, high=1e6)
+        self.exchanges = [GradientExchange(c.compressor) for c in self.candidates]
+        self.single = GradientExchange()  # one worker: the identity
+        self.probe_steps = check_int("probe_steps", probe_steps, 2)
+        self.probe_bytes = check_int("probe_bytes", probe_bytes, 4, 1 << 30)
+        self.explore = check_number("explore", explore, 1.0, high=1e6)
+        self.recheck_every = check_int("recheck_every", recheck_every, 1)
+        self.drift = check_number("drift", drift, 0, low_open=True, high=1e6)
+        self.static: list[tuple[float, int]] = [(0.0, 0)] * len(self.candidates)
+
+    # -- state -----------------------------------------------------------------------------------
+    def build(self, owner, var_list, engine) -> None:
+        for exchange in self.exchanges:
+            exchange.build(owner, var_list, engine)
+        self.single.build(owner, var_list, engine)
+        k = len(self.candidates)
+
+        def var(name: str, shape=(), dtype="float64", value: Any = 0.0):
+            return owner.add_variable(shape=shape, dtype=dtype, aggregation="none", name=name,
+                                      initializer=lambda shape, dtype: tf.fill(
+                                          shape, tf.constant(value, dtype)))
+
+        self._state = var("auto_state", dtype="int64", value=0)
+        self._current = var("auto_current", dtype="int64", value=0)
+        self._count = var("auto_count", dtype="int64", value=0)
+        self._decisions = var("auto_decisions", dtype="int64", value=0)
+        self._step_s = var("auto_step_seconds", (k,), value=np.inf)
+        self._exchange_s = var("auto_exchange_seconds", (k,), value=np.inf)
+        self._estimate_s = var("auto_estimate_seconds", (k,), value=np.inf)
+        self._link = var("auto_link", (2,), value=np.inf)  # latency s, seconds per byte
+        self._t0 = var("auto_exchange_start")
+        self._last = var("auto_last_step_end")
+        self._exchange_now = var("auto_exchange_now")
+        self._window = var("auto_window_seconds", value=np.inf)
+        self._since = var("auto_since_check", dtype="int64", value=0)
+        self._decided_s = var("auto_decided_seconds", value=np.inf)
+        self.world_size = engine.world_size
+        self.built = True
+
+    def own_variables(self) -> list:
+        return [self._state, self._current, self._count, self._decisions, self._step_s,
+                self._exchange_s, self._estimate_s, self._link, self._t0, self._last,
+                self._exchange_now, self._window, self._since, self._decided_s]
+
+    def variables(self) -> list:
+        return [v for e in self.exchanges for v in e.variables()] + self.own_variables()
+
+    def per_replica_variables(self) -> list:
+        return [v for e in self.exchanges for v in e.per_replica_variables()]
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, ctx, grads, next) -> None:
+        if self.world_size == 1:  # nothing to choose: no exchange, nothing compressed
+            self.single.step(ctx, grads, next)
+            return
+        holes = Holes(grads)
+        ctx.comm.cond(tf.equal(self._state, PROBE_LINK), lambda: self._probe_link(ctx),
+                      lambda: None)
+        with tf.control_dependencies(holes.values):
+            self._t0.assign(tf.timestamp())
+
+        def timed_next(c, reduced):
+            with tf.control_dependencies([r for r in reduced if r is not None]):
+                self._exchange_now.assign(tf.timestamp() - self._t0)
+            next(c.replace(comm=ctx.comm), reduced)
+
+        def candidate(i):
+            def run(*values):  # traced once per replica on some engines: each records its own
+                recorder = _Recorder(ctx.comm.counter)
+                comm = copy.copy(ctx.comm)
+                comm.counter = recorder
+                self.exchanges[i].step(ctx.replace(comm=comm), holes.refill(list(values)),
+                                       timed_next)
+                self.static[i] = (recorder.nbytes, recorder.ncalls)
+            return run
+
+        def switch(i, *values):
+            if i == len(self.candidates) - 1:
+                candidate(i)(*values)
+            else:
+                ctx.comm.cond(tf.equal(self._current, i), candidate(i),
+                              lambda *v: switch(i + 1, *v), args=values)
+
+        switch(0, *holes.values)
+        self._bookkeeping(ctx)
+
+    def _probe_link(self, ctx) -> None:
+        """Times all-reduces of 4 bytes and of `probe_bytes` (twice each, the fastest kept)."""
+        comm, n = ctx.comm, self.world_size
+        size = max(1, min(self.probe_bytes, self._gradient_bytes(ctx)) // 4)
+        seconds = []
+        for elements in (1, 1, size, size):
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                (out,) = comm.all_reduce([tf.zeros([elements], tf.float32)])
+            with tf.control_dependencies([out]):
+                seconds.append(tf.timestamp() - start)
+        latency = tf.minimum(seconds[0], seconds[1])
+        transfer = tf.maximum(tf.minimum(seconds[2], seconds[3]) - latency, 1e-6)
+        per_byte = transfer / ring_bytes("all_reduce", 4 * size, n)
+        self._link.assign(tf.stack([latency, per_byte]))
+        self._state.assign(PROBING)
+        self._current.assign(0)
+        self._count.assign(0)
+        self._step_s.assign(tf.fill([len(self.candidates)], tf.constant(np.inf, tf.float64)))
+        self._exchange_s.assign(tf.fill([len(self.candidates)], tf.constant(np.inf, tf.float64)))
+
+    @staticmethod
+    def _gradient_bytes(ctx) -> int:
+        return sum(4 * int(np.prod(v.shape)) for v in ctx.variables)
+
+    def _bookkeeping(self, ctx) -> None:
+        now = tf.timestamp()
+        step_s = now - self._last
+        valid = self._last > 0
+        probing = tf.equal(self._state, PROBING)
+        decided = tf.equal(self._state, DECIDED)
+        measure = probing & valid & (self._count >= 1)
+        here = tf.one_hot(self._current, len(self.candidates), on_value=True, off_value=False)
+        self._step_s.assign(tf.where(measure & here, tf.minimum(self._step_s, step_s),
+                                     self._step_s))
+        self._exchange_s.assign(tf.where(measure & here,
+                                         tf.minimum(self._exchange_s, self._exchange_now),
+                                         self._exchange_s))
+        self._count.assign_add(tf.cast(probing, tf.int64))
+        self._window.assign(tf.where(decided & valid, tf.minimum(self._window, step_s),
+                                     self._window))
+        self._since.assign_add(tf.cast(decided, tf.int64))
+        self._last.assign(now)
+        ctx.comm.cond(probing & (self._count >= self.probe_steps), lambda: self._advance(ctx),
+                      lambda: None)
+        ctx.comm.cond(decided & (self._since >= self.recheck_every), lambda: self._recheck(ctx),
+                      lambda: None)
+
+    def _slowest(self, ctx, values: list) -> list:
+        """Every worker's values all-gathered, the largest of each kept: the same on all."""
+        sizes = [int(np.prod(v.shape)) if v.shape.rank else 1 for v in values]
+        flat = tf.concat([tf.reshape(v, [-1]) for v in values], 0)
+        gathered = ctx.comm.all_gather(flat[None])
+        top = tf.reduce_max(gathered, axis=0)
+        return [tf.reshape(part, v.shape) for part, v in
+                zip(tf.split(top, sizes), values)]
+
+    def _advance(self, ctx) -> None:
+        step_s, exchange_s, link = self._slowest(
+            ctx, [tf.convert_to_tensor(self._step_s), tf.convert_to_tensor(self._exchange_s),
+                  tf.convert_to_tensor(self._link)])
+        calls = tf.constant([float(c) for _, c in self.static], tf.float64)
+        wire = tf.constant([b for b, _ in self.static], tf.float64)
+        factors = tf.constant([c.steps_factor for c in self.candidates], tf.float64)
+        nxt, best, estimate = next_move(step_s, exchange_s, link, calls, wire, factors,
+                                        self._current, tf.constant(self.explore, tf.float64))
+        deciding = nxt < 0
+        self._step_s.assign(step_s)
+        self._exchange_s.assign(exchange_s)
+        self._link.assign(link)
+        self._estimate_s.assign(estimate)
+        self._current.assign(tf.where(deciding, best, nxt))
+        self._count.assign(0)
+        self._state.assign(tf.where(deciding, tf.constant(DECIDED, tf.int64),
+                                    tf.constant(PROBING, tf.int64)))
+        self._decided_s.assign(tf.where(deciding, tf.gather(estimate, best), INF))
+        self._decisions.assign_add(tf.cast(deciding, tf.int64))
+        self._window.assign(np.inf)
+        self._since.assign(0)
+        tf.cond(deciding & tf.equal(ctx.comm.rank, 0),
+                lambda: self._print(best, estimate, step_s, link), lambda: None)
+
+    def _print(self, best, estimate, step_s, link):
+        def ms(x):
+            return tf.strings.as_string(1000.0 * x, precision=1)
+
+        parts = []
+        for i, c in enumerate(self.candidates):
+            how = tf.where(tf.math.is_finite(step_s[i]), "measured", "modelled")
+            parts.append(tf.strings.join([c.name, " ", ms(estimate[i]), " ms/step (", how,
+                                          f") x {c.steps_factor:g}"]))
+        names = tf.constant([c.name for c in self.candidates])
+        mbps = tf.strings.as_string(8e-6 / link[1], precision=0)
+        line = tf.strings.join(
+            ["tfdist auto: picked ", tf.gather(names, best), " | ", tf.strings.join(parts, "; "),
+             " | link ", mbps, " Mbit/s, latency ", ms(link[0]), " ms"])
+        tf.print(line, output_stream=sys.stderr)
+
+    def _recheck(self, ctx) -> None:
+        (window,) = self._slowest(ctx, [tf.convert_to_tensor(self._window)])
+        ratio = window / self._decided_s
+        moved = (ratio > 1.0 + self.drift) | (ratio < 1.0 / (1.0 + self.drift))
+        self._state.assign(tf.where(moved, tf.constant(PROBE_LINK, tf.int64), self._state))
+        self._window.assign(np.inf)
+        self._since.assign(0)
+
+    # -- reading it -----------------------------------------------------------------------------
+    @property
+    def choice(self) -> str | None:
+        """The candidate picked (None while measuring)."""
+        if not self.built or self.world_size == 1:
+            return "dense" if self.built else None
+        if int(self._state.numpy()) != DECIDED:
+            return None
+        return self.candidates[int(self._current.numpy())].name
+
+    def report(self) -> dict[str, Any]:
+        """The last decision with its numbers (JSON-ready)."""
+        if not self.built:
+            return {"choice": None}
+        if self.world_size == 1:
+            return {"choice": self.choice, "reason": "one worker: nothing is exchanged"}
+        step, estimate = self._step_s.numpy(), self._estimate_s.numpy()
+        latency, per_byte = (float(x) for x in self._link.numpy())
+
+        def number(x: float) -> float | None:
+            return round(float(x), 6) if math.isfinite(x) else None
+
+        return {
+            "choice": self.choice,
+            "decisions": int(self._decisions.numpy()),
+            "latency_s": number(latency),
+            "bandwidth_bytes_per_s": number(1.0 / per_byte) if per_byte > 0 else None,
+            "candidates": [
+                {"name": c.name, "measured": bool(math.isfinite(step[i])),
+                 "step_s": number(estimate[i]), "steps_factor": c.steps_factor,
+                 "wire_bytes_per_step": self.static[i][0],
+                 "collectives_per_step": self.static[i][1]}
+                for i, c in enumerate(self.candidates)],
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {"candidates": [c.get_config() for c in self.candidates],
+                "probe_steps": self.probe_steps, "probe_bytes": self.probe_bytes,
+                "explore": self.explore, "recheck_every": self.recheck_every,
+                "drift": self.drift}
+
+    def __repr__(self) -> str:
+        return f"AutoExchange(candidates={[c.name for c in self.candidates]})"

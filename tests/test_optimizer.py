@@ -24,6 +24,28 @@ def test_same_weights_as_plain_mirrored_strategy(mirrored, n, optimizer):
     assert opt.bytes_sent == pytest.approx(STEPS * ring_bytes("all_reduce", 4 * params, n))
 
 
+def test_buckets_go_last_tensors_first_and_close_at_the_size():
+    from tfdist.comm import static_nbytes
+    from tfdist.comm.base import buckets
+
+    tensors = [tf.zeros([n]) for n in (10, 300, 5, 5, 100)]  # 40, 1200, 20, 20, 400 bytes
+    assert buckets(tensors, 400) == [[4], [3, 2, 1], [0]]
+    assert buckets(tensors, 10**6) == [[4, 3, 2, 1, 0]]
+    assert sum(static_nbytes([tensors[i]]) for i in buckets(tensors, 1)[0]) == 400
+
+
+def test_bucketed_dense_exchange_equals_one_all_reduce(mirrored):
+    """Same sums, one collective call per bucket: the 64-unit MLP's 4 tensors in 2 buckets."""
+    one, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(2), optimizer="adam",
+                          hidden=(64,))
+    split, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(2), optimizer="adam",
+                              hidden=(64,), bucket_bytes=1024)
+    common.assert_weights_close(common.weights(split), common.weights(one), rtol=0, atol=0)
+    # Last first: (logits bias 40 B, logits kernel 2,560 B), (hidden bias, hidden kernel 16 KiB).
+    assert opt.collective_calls == 2 * STEPS
+    assert opt.exchange.get_config()["bucket_bytes"] == 1024
+
+
 def test_world_of_one_sends_nothing_and_matches_plain(mirrored):
     plain, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(1), wrap=False)
     ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(1))

@@ -5,13 +5,15 @@
   `distribute.py`), `HorovodEngine` (`horovod.py`), `LocalEngine` (a world of one).
 * `Communicator` (`base.py`): the collectives an engine offers inside a train step, counting
   the bytes each worker sends and the collective calls; `fused_all_reduce` /
-  `fused_all_gather` pack many tensors into one call.
+  `fused_all_gather` pack many tensors into one call, `bucketed_all_reduce` into one call per
+  bucket, last tensors first (overlap with the backward pass).
 """
 
 from tfdist.comm.base import (
     ByteCounter,
     Communicator,
     LocalCommunicator,
+    bucketed_all_reduce,
     fused_all_gather,
     fused_all_reduce,
     ring_bytes,
@@ -34,6 +36,7 @@ __all__ = [
     "LocalEngine",
     "ReplicaCommunicator",
     "activate",
+    "bucketed_all_reduce",
     "fused_all_gather",
     "fused_all_reduce",
     "get_engine",

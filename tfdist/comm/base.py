@@ -310,6 +310,37 @@ def fused_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor],
     return out
 
 
+def buckets(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Indices of `tensors` in buckets of about `bucket_bytes` each, in *reverse* order: the
+    last tensors first, as a backward pass produces the gradients of the last layers first. A
+    bucket closes once it holds at least `bucket_bytes`; a larger tensor is a bucket of its own."""
+    groups: list[list[int]] = [[]]
+    filled = 0
+    for i in reversed(range(len(tensors))):
+        groups[-1].append(i)
+        filled += static_nbytes([tensors[i]])
+        if filled >= bucket_bytes:
+            groups.append([])
+            filled = 0
+    return [g for g in groups if g]
+
+
+def bucketed_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor], bucket_bytes: int | None,
+                        op: str = "sum") -> list[tf.Tensor]:
+    """All-reduces `tensors` in buckets of about `bucket_bytes` (see `buckets`), one collective
+    call per bucket, so the reduction of the last layers' gradients can run while the backward
+    pass still computes the first layers' (inside one traced step, each bucket's collective
+    depends only on its own gradients). `bucket_bytes=None`: one call for all, as Keras does."""
+    tensors = list(tensors)
+    if bucket_bytes is None or len(tensors) < 2:
+        return comm.all_reduce(tensors, op=op)
+    out: list[Any] = [None] * len(tensors)
+    for idx in buckets(tensors, bucket_bytes):
+        for i, reduced in zip(idx, comm.all_reduce([tensors[i] for i in idx], op=op)):
+            out[i] = reduced
+    return out
+
+
 _WORD = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
 
 

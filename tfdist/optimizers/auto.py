@@ -152,7 +152,7 @@ class AutoExchange(Part):
         probe_steps: Steps each tried candidate trains for (the first not measured). Defaults to 3.
         probe_bytes: Size of the bandwidth probe's all-reduce. Defaults to 512 KiB.
         explore: A candidate is tried when predicted within this factor of the best measured.
-            Defaults to 1.5.
+            Defaults to 1.1 (each try costs `probe_steps` steps of a likely slower exchange).
         recheck_every: Steps between checks of the step time against the decision's. Defaults
             to 200.
         drift: Relative change of the step time that makes it measure again. Defaults to 0.25.
@@ -166,7 +166,7 @@ class AutoExchange(Part):
     position = GradientExchange.position
 
     def __init__(self, candidates=None, probe_steps: int = 3, probe_bytes: int = 1 << 19,
-                 explore: float = 1.5, recheck_every: int = 200, drift: float = 0.25):
+                 explore: float = 1.1, recheck_every: int = 200, drift: float = 0.25):
         given = DEFAULT_CANDIDATES if candidates is None else candidates
         if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
             raise ValueError(f"`candidates` must be a list of candidates. Received: {given!r}")

@@ -31,7 +31,7 @@ from tfdist.compression import Adaptive
 from tfdist.optimizers.accumulation import Accumulation
 from tfdist.optimizers.auto import AutoExchange
 from tfdist.optimizers.chain import Chain
-from tfdist.optimizers.exchange import GradientExchange
+from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD, schedule_from_config
 from tfdist.optimizers.loss_scaling import DynamicLossScaling
 from tfdist.optimizers.nan_policy import POLICIES, NanPolicy
@@ -44,16 +44,18 @@ ALGORITHMS = (None, "auto")
 PARTS: dict[str, type[Part]] = {cls.__name__: cls for cls in
                                 (GradientExchange, AutoExchange, Accumulation, TrackNorms,
                                  LocalSGD)}
-SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor", "min_compress_size",
-             "compress_1d", "compression_start_step", "batched", "track_norms", "local_sgd",
-             "slowmo", "sma", "outer", "averaging_topology", "average_optimizer_state")
+SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor",
+             "min_compress_size", "compress_1d", "compression_start_step", "batched",
+             "bucket_bytes", "track_norms", "local_sgd", "slowmo", "sma", "outer",
+             "averaging_topology", "average_optimizer_state")
 
 
 def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int = 1,
                          variable_accumulation: bool = False,
                          compressor=None, min_compress_size: int = 1024,
                          compress_1d: bool = False, compression_start_step: int = 0,
-                         batched: bool = True, track_norms: bool = False, local_sgd=None,
+                         batched: bool = True, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                         track_norms: bool = False, local_sgd=None,
                          slowmo=None, sma=None, outer=None, averaging_topology: str = "all",
                          average_optimizer_state: bool = False) -> list[Part]:
     """The parts that the keyword shortcuts of `DistributedOptimizer` describe."""
@@ -63,7 +65,7 @@ def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int =
                          f"Received: compressor={compressor!r}")
     parts: list[Part] = [AutoExchange() if algorithm == "auto" else
                          GradientExchange(compressor, min_compress_size, compress_1d,
-                                          compression_start_step, batched)]
+                                          compression_start_step, batched, bucket_bytes)]
     if accumulation_steps != 1 or isinstance(accumulation_steps, bool) or variable_accumulation:
         parts.append(Accumulation(accumulation_steps, variable_accumulation))
     if check_bool("track_norms", track_norms):
@@ -112,7 +114,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     Keyword shortcuts (the same parts, as keyword arguments): `algorithm="auto"` (an
     `AutoExchange`: the exchange picked from the measured link); `accumulation_steps`,
     `variable_accumulation` (an `Accumulation`); `compressor`, `min_compress_size`,
-    `compress_1d`, `compression_start_step`, `batched` (a `GradientExchange`); `track_norms`
+    `compress_1d`, `compression_start_step`, `batched`, `bucket_bytes` (a `GradientExchange`);
+    `track_norms`
     (a `TrackNorms`); `local_sgd` (a schedule), `slowmo` / `sma` / `outer`,
     `averaging_topology`, `average_optimizer_state` (a `LocalSGD`).
 

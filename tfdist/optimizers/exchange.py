@@ -15,9 +15,13 @@ import tensorflow as tf
 
 from tfdist import compression
 from tfdist.arguments import check_bool, check_int
+from tfdist.comm import bucketed_all_reduce
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part
+
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # measured: README, "Overlapping the all-reduce"
 
 
 class GradientExchange(Part):
@@ -31,6 +35,12 @@ class GradientExchange(Part):
         batched: Reduce all compressed tensors of an exchange together (few collective calls).
             False reduces them one tensor at a time (one or two collective calls each), the
             pre-batching path, kept for comparison. Defaults to True.
+        bucket_bytes: The dense exchange all-reduces the gradients in buckets of about this
+            many bytes, last layers first, one collective call each, so reducing the last
+            layers' gradients overlaps the backward pass of the first ones. None: one
+            all-reduce of every gradient after the backward pass, as Keras does. Defaults to
+            25 MiB (`DEFAULT_BUCKET_BYTES`: ResNet-50 steps 0.80x Keras' at 1 Gbit/s, 4 MiB
+            0.84x; models under 25 MiB of gradients stay one call).
 
     Example:
         ```python
@@ -43,12 +53,15 @@ class GradientExchange(Part):
     position = 40
 
     def __init__(self, compressor=None, min_compress_size: int = 1024, compress_1d: bool = False,
-                 start_step: int = 0, batched: bool = True):
+                 start_step: int = 0, batched: bool = True,
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
         self.min_compress_size = check_int("min_compress_size", min_compress_size, 0)
         self.start_step = check_int("compression_start_step", start_step, 0)
         self.compressor = compression.get(compressor)
         self.compress_1d = check_bool("compress_1d", compress_1d)
         self.batched = check_bool("batched", batched)
+        self.bucket_bytes = (None if bucket_bytes is None
+                             else check_int("bucket_bytes", bucket_bytes, 1))
         self.compression_state: dict[int, dict[str, Any]] = {}
 
     def build(self, owner, var_list, engine) -> None:
@@ -123,7 +136,7 @@ class GradientExchange(Part):
     def _reduce(self, ctx, values, variables, compressor, step) -> list:
         comm, op = ctx.comm, "sum"  # gradients come divided by the replicas (parts.py)
         if compressor is None:
-            return comm.all_reduce(values, op=op)
+            return bucketed_all_reduce(comm, values, self.bucket_bytes, op=op)
         found = [self.compression_state.get(ctx.index(v)) for v in variables]
         states: dict[int, dict[str, Any]] = {j: st for j, st in enumerate(found) if st is not None}
         dense = [j for j, st in enumerate(found) if st is None]
@@ -170,7 +183,8 @@ class GradientExchange(Part):
     def get_config(self) -> dict[str, Any]:
         return {"compressor": compression.serialize(self.compressor),
                 "min_compress_size": self.min_compress_size, "compress_1d": self.compress_1d,
-                "start_step": self.start_step, "batched": self.batched}
+                "start_step": self.start_step, "batched": self.batched,
+                "bucket_bytes": self.bucket_bytes}
 
     def __repr__(self) -> str:
         return f"GradientExchange(compressor={self.compressor!r})"

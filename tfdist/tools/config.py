@@ -143,6 +143,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
         "batched": Field(True, (bool,), "true (all compressed tensors of an exchange in as few "
                          "collectives as the compressor allows) or false (one tensor at a time)"),
+        "bucket_mb": _float("a number > 0 (MiB per all-reduce of the dense exchange, last layers "
+                            "first, overlapping the backward pass), or null (one all-reduce)",
+                            lambda v: v > 0, 25, nullable=True, most=2**20),
     },
     "averaging": {
         "period": _int("an integer >= 1, or null for synchronous training", lambda v: v >= 1,
@@ -342,8 +345,9 @@ def _part_makers(c: dict[str, dict[str, Any]]):
     def exchange():
         if comp["name"] == "auto":  # picked from the measured link (tfdist.optimizers.auto)
             return [AutoExchange(**comp["options"])]
+        bucket = None if comp["bucket_mb"] is None else max(1, int(comp["bucket_mb"] * 2**20))
         return [GradientExchange(make_compressor(comp), comp["min_size"], comp["compress_1d"],
-                                 comp["start_step"], comp["batched"])]
+                                 comp["start_step"], comp["batched"], bucket)]
 
     def accumulation():
         steps = opt["accumulation_steps"]

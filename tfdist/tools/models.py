@@ -36,4 +36,42 @@ def cnn(input_shape, num_classes, hidden) -> keras.Model:
     return keras.Model(inputs, outputs, name="cnn")
 
 
-MODELS = {"mlp": mlp, "cnn": cnn}
+def resnet50(input_shape, num_classes, hidden) -> keras.Model:
+    """ResNet-50 (keras.applications, random weights) on images of `input_shape` (at least
+    32 x 32 x 3); `hidden` is not used."""
+    return keras.applications.ResNet50(weights=None, input_shape=input_shape,
+                                       classes=num_classes, classifier_activation="softmax")
+
+
+def transformer(input_shape, num_classes, hidden, layers: int = 4, heads: int = 4,
+                vocab: int = 8192) -> keras.Model:
+    """A BERT-like encoder (random weights): token embedding + learned positions, `layers`
+    pre-norm blocks of `heads`-head self-attention and a 4x MLP, mean-pooled into a classifier.
+    Width `hidden[0]` (d_model); the sequence length is `input_shape[0]`. The tokens are the
+    inputs bucketed into `vocab` ids (synthetic data gives Gaussian values), so any numeric input
+    of shape [sequence] works."""
+    (length,), width = tuple(input_shape), hidden[0]
+    if width % heads:
+        raise ValueError(f"The transformer's width (model.hidden[0]={width}) must divide by its "
+                         f"heads ({heads}).")
+    inputs = keras.Input((length,))
+    scaled = keras.ops.clip((inputs + 4.0) * (vocab / 8.0), 0, vocab - 1)
+    ids = keras.ops.cast(scaled, "int32")
+    h = keras.layers.Embedding(vocab, width, name="tokens")(ids)
+    positions = keras.layers.Embedding(length, width, name="positions")(
+        keras.ops.arange(length)[None])
+    h = h + positions
+    for i in range(layers):
+        a = keras.layers.LayerNormalization(name=f"ln_a{i}")(h)
+        a = keras.layers.MultiHeadAttention(heads, width // heads, name=f"attention_{i}")(a, a)
+        h = h + a
+        m = keras.layers.LayerNormalization(name=f"ln_m{i}")(h)
+        m = keras.layers.Dense(4 * width, activation="gelu", name=f"mlp_in_{i}")(m)
+        h = h + keras.layers.Dense(width, name=f"mlp_out_{i}")(m)
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.LayerNormalization(name="ln_f")(h))
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
+                                 name="logits")(h)
+    return keras.Model(inputs, outputs, name="transformer")
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "resnet50": resnet50, "transformer": transformer}

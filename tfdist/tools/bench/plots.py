@@ -123,3 +123,19 @@ def pipeline(rows: list[dict], path: Path) -> Path:
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2,
                   frameon=False)
     return _save(fig, path)
+
+
+def models(rows: list[dict], model: str, path: Path) -> Path:
+    """One model's throughput per (algorithm, hosts, link), all workers together."""
+    plt = _pyplot()
+    mine = [r for r in rows if r["model"] == model]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(mine) + 1.6))
+    labels = [f"{r['label']}\n({r['hosts']} hosts @ {r['bandwidth']})" for r in mine]
+    ax.barh(labels, [r["throughput"] for r in mine], color="tab:blue")
+    for i, r in enumerate(mine):
+        ax.text(r["throughput"], i, f" {r['throughput']:,.0f}", va="center", fontsize=8)
+    ax.set(xlabel=f"{mine[0]['unit']} per second (all workers)", title=f"{model}: throughput")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.margins(x=0.2)
+    return _save(fig, path)

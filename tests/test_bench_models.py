@@ -1,0 +1,64 @@
+"""`tfdist bench --suite models`: the spec, the plans it builds and the table it writes.
+
+The runs themselves are the comm suite's (tests/test_bench_comm.py runs a small sweep); here the
+plan per model and host count, the fixed per-worker batch and the throughput arithmetic."""
+
+import pytest
+
+from tfdist.tools.bench import models
+from tfdist.tools.bench.comm import LIMIT
+from tfdist.tools.config import ConfigError
+
+
+def test_the_shipped_spec_builds_every_plan_and_keeps_the_per_worker_batch():
+    spec, plans = models.load()
+    assert {m for m, _, _ in plans} == {"resnet50", "transformer"}
+    for model, hosts, plan in plans:
+        per_worker = spec["models"][model]["per_worker_batch"]
+        for algo in plan.algorithms:
+            config = plan.configs[(hosts, algo.key)]
+            assert config["data"]["global_batch_size"] == per_worker * hosts
+            assert config["model"]["name"] == model
+        assert plan.configs[(hosts, "dense_4mib")]["compression"]["bucket_mb"] == 4
+        assert plan.configs[(hosts, "dense_one_call")]["compression"]["bucket_mb"] is None
+        assert plan.configs[(hosts, LIMIT)]["data"]["global_batch_size"] == per_worker
+    _, quick = models.load(quick=True)
+    assert [(m, h) for m, h, _ in quick] == [("resnet50", 2), ("transformer", 2)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"algorithms": ["zip"]}, "unknown 'zip'"),
+    ({"hosts": ["two"]}, "hosts: got 'two'"),
+    ({"bandwidths": ["fast"]}, "bandwidths"),
+])
+def test_bad_selections_are_refused_before_anything_runs(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        models.load(**kwargs)
+
+
+def test_a_malformed_model_entry_names_the_key(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  m: {job: [], per_worker_batch: 0, colour: red}\n")
+    with pytest.raises(ConfigError) as e:
+        models.load(path)
+    assert "models.m: unknown keys ['colour']" in str(e.value)
+    assert "models.m.per_worker_batch: got 0" in str(e.value)
+
+
+def test_throughput_and_scaling_efficiency():
+    info = {"per_worker_batch": 16, "per_example": 64, "unit": "tokens"}
+
+    def row(algorithm, step_ms):
+        return {"hosts": 2, "bandwidth": "1gbit", "algorithm": algorithm, "label": algorithm,
+                "step_ms": step_ms, "collectives_per_step": 1.0, "bytes_per_step": 8.0,
+                "bytes_counted": True, "curve": []}
+
+    rows = models.rows_with_throughput("transformer", info,
+                                       [row("dense", 400.0), row("fp16", 250.0),
+                                        row(LIMIT, 200.0)])
+    assert [r["algorithm"] for r in rows] == ["dense", "fp16"]
+    assert rows[0]["throughput"] == pytest.approx(2 * 16 * 64 / 0.4)
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.8)
+    lines = models.table(rows).splitlines()
+    assert lines[2] == "| transformer | 2 | 1gbit | dense | 400 | 5,120 tokens/s | 1.00x | 50% | 1 | 8 |"
+    assert lines[3].endswith("| 8,192 tokens/s | 1.60x | 80% | 1 | 8 |")

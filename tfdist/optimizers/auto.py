@@ -5,7 +5,7 @@ at 10 Gbit/s, where FP16 or the dense all-reduce win (the README's comm-suite ta
 measures instead of asking the user to know:
 
 1. At its first exchange it times all-reduces of 4 bytes (latency) and of `probe_bytes` bytes
-   (bandwidth) over the real workers.
+   (bandwidth) over the real workers, and of 4 MiB where the first moved too fast to time.
 2. It then trains with each candidate in turn for `probe_steps` steps (the first step of each
    not measured), timing the whole step and the exchange alone with `tf.timestamp` inside the
    traced step. A candidate is only tried if the link model (latency x collective calls + wire
@@ -46,6 +46,8 @@ from tfdist.optimizers.parts import Part
 
 PROBE_LINK, PROBING, DECIDED = 0, 1, 2
 INF = np.float64(np.inf)
+FAST_TRANSFER_S = 0.02  # a probe moved in less: timer noise is too large a share; probe again
+LARGE_PROBE_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +86,18 @@ def _candidate(value) -> Candidate:
         return Candidate(**value)
     raise ValueError(f"A candidate is a tfdist.optimizers.Candidate or a mapping with `name`, "
                      f"`compressor` and `steps_factor`. Received: {value!r}")
+
+
+def _fastest(comm, elements: int, repeats: int):
+    """The least of `repeats` timed all-reduces of `elements` float32 zeros, in seconds."""
+    seconds = []
+    for _ in range(repeats):
+        start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            (out,) = comm.all_reduce([tf.zeros([elements], tf.float32)])
+        with tf.control_dependencies([out]):
+            seconds.append(tf.timestamp() - start)
+    return tf.reduce_min(tf.stack(seconds))
 
 
 class _Recorder(ByteCounter):
@@ -264,25 +278,34 @@ class AutoExchange(Part):
         self._bookkeeping(ctx)
 
     def _probe_link(self, ctx) -> None:
-        """Times all-reduces of 4 bytes and of `probe_bytes` (twice each, the fastest kept)."""
+        """Times all-reduces of 4 bytes (latency, the fastest of 3: the first also absorbs the
+        workers' skew) and of `probe_bytes` (bandwidth, the faster of 2). Where that moved in
+        under `FAST_TRANSFER_S`, timer noise would dominate, so a `LARGE_PROBE_BYTES` all-reduce
+        measures the bandwidth again. Each stage takes the slowest worker's numbers, so every
+        worker probes alike and ends with the same link."""
         comm, n = ctx.comm, self.world_size
-        size = max(1, min(self.probe_bytes, self._gradient_bytes(ctx)) // 4)
-        seconds = []
-        for elements in (1, 1, size, size):
-            start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                (out,) = comm.all_reduce([tf.zeros([elements], tf.float32)])
-            with tf.control_dependencies([out]):
-                seconds.append(tf.timestamp() - start)
-        latency = tf.minimum(seconds[0], seconds[1])
-        transfer = tf.maximum(tf.minimum(seconds[2], seconds[3]) - latency, 1e-6)
-        per_byte = transfer / ring_bytes("all_reduce", 4 * size, n)
-        self._link.assign(tf.stack([latency, per_byte]))
+        gradient = self._gradient_bytes(ctx)
+        small = max(1, min(self.probe_bytes, gradient) // 4)
+        latency = _fastest(comm, 1, 3)
+        transfer = tf.maximum(_fastest(comm, small, 2) - latency, 1e-6)
+        latency, transfer = self._slowest(ctx, [latency, transfer])
+        self._link.assign(tf.stack([latency, transfer / ring_bytes("all_reduce", 4 * small, n)]))
+        large = max(1, min(LARGE_PROBE_BYTES, gradient) // 4)
+        if large > small:
+            ctx.comm.cond(transfer < FAST_TRANSFER_S, lambda: self._probe_large(ctx, large),
+                          lambda: None)
         self._state.assign(PROBING)
         self._current.assign(0)
         self._count.assign(0)
-        self._step_s.assign(tf.fill([len(self.candidates)], tf.constant(np.inf, tf.float64)))
-        self._exchange_s.assign(tf.fill([len(self.candidates)], tf.constant(np.inf, tf.float64)))
+        self._step_s.assign(tf.fill([len(self.candidates)], INF))
+        self._exchange_s.assign(tf.fill([len(self.candidates)], INF))
+
+    def _probe_large(self, ctx, elements: int) -> None:
+        latency = self._link[0]
+        (seconds,) = self._slowest(ctx, [_fastest(ctx.comm, elements, 2)])
+        transfer = tf.maximum(seconds - latency, 1e-6)
+        per_byte = transfer / ring_bytes("all_reduce", 4 * elements, self.world_size)
+        self._link.assign(tf.stack([latency, per_byte]))
 
     @staticmethod
     def _gradient_bytes(ctx) -> int:

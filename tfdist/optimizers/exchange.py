@@ -20,7 +20,6 @@ from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part
 
-
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # measured: README, "Overlapping the all-reduce"
 
 

@@ -171,3 +171,49 @@ def test_rejects_wrapped_or_accumulating_inner_optimizers():
         tfdist.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2))
     with pytest.raises(ValueError, match="Keras optimizer"):
         tfdist.DistributedOptimizer("adam")
+
+
+@pytest.mark.parametrize("options", [{}, {"algorithm": "auto"}])
+def test_embedding_gradients_sparse_in_keras_are_exchanged_whole(mirrored, options):
+    """Keras hands embeddings' gradients over as tf.IndexedSlices (rows of unknown count when
+    traced): the exchange densifies them to the tables' shapes, and dense training equals plain
+    Keras on the same strategy. (The bench's encoder: token and position embeddings.)"""
+    from tfdist.tools.models import build_model
+
+    x = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 10, 64)
+    weights = {}
+    for name, wrap in (("plain", False), ("tfdist", True)):
+        strategy = mirrored(2)
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = build_model("transformer", (8,), 10, (16,), layers=1, heads=2, vocab=32)
+            opt = keras.optimizers.SGD(0.1)
+            if wrap:
+                opt = tfdist.DistributedOptimizer(opt, **options)
+            model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        weights[name] = common.weights(model)
+    if not options:
+        common.assert_weights_close(weights["tfdist"], weights["plain"], rtol=0, atol=1e-6)
+    assert all(np.isfinite(w).all() for w in weights["tfdist"])
+
+
+def test_sparse_gradients_become_dense_tensors_of_the_variables_shape():
+    """Under MultiWorkerMirroredStrategy the rows of an embedding's tf.IndexedSlices gradient
+    have no static count; the chain hands the parts a dense tensor of the table's shape."""
+    from tfdist.optimizers.chain import dense_gradient
+
+    table = tf.Variable(tf.zeros([5, 3]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([None], tf.int32)])
+    def densify(values, indices):
+        grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(table, out_type=tf.int32))
+        dense = dense_gradient(grad, table)
+        assert dense.shape == (5, 3)  # static, when traced
+        return dense
+
+    out = densify(tf.ones([3, 3]), tf.constant([4, 0, 4]))
+    np.testing.assert_array_equal(out.numpy()[:, 0], [1, 0, 0, 0, 2])
+    plain = tf.ones([5, 3])
+    assert dense_gradient(plain, table) is plain

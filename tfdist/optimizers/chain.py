@@ -60,6 +60,7 @@ class Chain:
         """Runs one step: `grads` through the parts, ending in `apply(reduced grads)`."""
         assert self.engine is not None and self.owner is not None
         engine = self.engine
+        grads = [dense_gradient(g, v) for g, v in zip(grads, variables)]
         if not engine.loss_divided_by_replicas and engine.world_size > 1:
             share = 1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
             grads = [None if g is None else g * tf.cast(share, g.dtype) for g in grads]
@@ -112,6 +113,18 @@ class Chain:
 
     def dense_bytes_per_exchange(self) -> float | None:
         return self.traffic.dense_bytes_per_exchange()
+
+
+def dense_gradient(grad, variable):
+    """`grad` as a dense tensor of `variable`'s static shape. An embedding's gradient comes as
+    tf.IndexedSlices (rows and their indices, the row count unknown when traced); exchanges,
+    compressors and byte accounting work on whole tensors of known shape. Others pass as they
+    are."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    rows = int(variable.shape[0])
+    return tf.reshape(tf.math.unsorted_segment_sum(grad.values, grad.indices, rows),
+                      variable.shape)
 
 
 def chain_of(optimizer) -> Chain | None:

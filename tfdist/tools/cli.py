@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--algorithms", type=_list, metavar="NAME,...",
                        help="comm, models: algorithms of configs/bench/comm.yaml or "
                             "models.yaml (the baseline always runs)")
+    bench.add_argument("--models", type=_list, metavar="NAME,...",
+                       help="models: the models of configs/bench/models.yaml to run")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="comm: override the spec's job for every run (repeatable), e.g. "
                             "--set model.hidden=[256,256]")
@@ -228,7 +230,8 @@ def cmd_bench(args) -> int:
         elif args.suite == "models":
             from tfdist.tools.bench.models import run_models
 
-            run_models(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms)
+            run_models(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
+                       models=args.models)
         else:
             from tfdist.tools.bench.suites import run_suite
 

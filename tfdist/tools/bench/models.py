@@ -145,12 +145,12 @@ def _plot(rows: list[dict], out_dir: Path) -> None:
 
 
 def run_models(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
-               spec: str | None = None) -> list[dict]:
-    spec_data, plans = load(spec, quick, hosts, bandwidths, algorithms)
+               spec: str | None = None, models=None) -> list[dict]:
+    spec_data, plans = load(spec, quick, hosts, bandwidths, algorithms, models)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "tfdist bench --suite models" + (" --quick" if quick else "")
-    for flag, value in (("hosts", hosts), ("bandwidths", bandwidths),
+    for flag, value in (("models", models), ("hosts", hosts), ("bandwidths", bandwidths),
                         ("algorithms", algorithms)):
         if value is not None:
             command += f" --{flag} {','.join(map(str, value))}"

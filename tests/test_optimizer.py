@@ -216,4 +216,12 @@ def test_sparse_gradients_become_dense_tensors_of_the_variables_shape():
     out = densify(tf.ones([3, 3]), tf.constant([4, 0, 4]))
     np.testing.assert_array_equal(out.numpy()[:, 0], [1, 0, 0, 0, 2])
     plain = tf.ones([5, 3])
-    assert dense_gradient(plain, table) is plain
+    assert dense_gradient(plain, table) is plain and dense_gradient(None, table) is None
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3])])
+    def shaped(grad):
+        out = dense_gradient(grad, table)
+        assert out.shape == (5, 3)
+        return out
+
+    np.testing.assert_array_equal(shaped(tf.ones([5, 3])).numpy(), np.ones([5, 3]))

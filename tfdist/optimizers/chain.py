@@ -117,14 +117,18 @@ class Chain:
 
 def dense_gradient(grad, variable):
     """`grad` as a dense tensor of `variable`'s static shape. An embedding's gradient comes as
-    tf.IndexedSlices (rows and their indices, the row count unknown when traced); exchanges,
-    compressors and byte accounting work on whole tensors of known shape. Others pass as they
-    are."""
-    if not isinstance(grad, tf.IndexedSlices):
+    tf.IndexedSlices (rows and their indices, the row count unknown when traced), and some
+    gradients lose their static shape on the way (a Dense kernel applied to a sequence, under
+    MultiWorkerMirroredStrategy: (None, units)); exchanges, compressors and byte accounting work
+    on whole tensors of known shape. Others pass as they are."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        rows = int(variable.shape[0])
+        grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
+    if grad.shape.is_fully_defined():
         return grad
-    rows = int(variable.shape[0])
-    return tf.reshape(tf.math.unsorted_segment_sum(grad.values, grad.indices, rows),
-                      variable.shape)
+    return tf.reshape(grad, variable.shape)
 
 
 def chain_of(optimizer) -> Chain | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -382,7 +381,7 @@ class AutoExchange(Part):
         line = tf.strings.join(
             ["tfdist auto: picked ", tf.gather(names, best), " | ", tf.strings.join(parts, "; "),
              " | link ", mbps, " Mbit/s, latency ", ms(link[0]), " ms"])
-        tf.print(line, output_stream=sys.stderr)
+        tf.print(line)  # to standard error
 
     def _recheck(self, ctx) -> None:
         (window,) = self._slowest(ctx, [tf.convert_to_tensor(self._window)])

@@ -40,13 +40,14 @@ __all__ = [
     "devices",
     "optimizers",
     "pipeline",
+    "ps",
     "tensor_parallel",
     "zero",
 ]
 
 
 _SUBMODULES = ("averaging", "callbacks", "comm", "compression", "data", "devices", "optimizers",
-               "pipeline", "tensor_parallel", "zero")
+               "pipeline", "ps", "tensor_parallel", "zero")
 _NAMES = {"DistributedOptimizer": "optimizers", "GradientExchange": "optimizers",
           "ZeroOptimizer": "zero", "CompressedStrategy": "strategies",
           "LocalSGDStrategy": "strategies", "MultiWorkerCompressedStrategy": "strategies",

@@ -170,7 +170,16 @@ def _print_summary(s: dict) -> None:
         if avg.get("intra_period"):
             comp += (f" (and within each host of {avg['host_size'] or 'its devices'} every "
                      f"{avg['intra_period']})")
+    ps = s.get("parameter_server")
+    if ps:
+        comp = "none (gradients pushed to the parameter servers)"
     print(f"compression       {comp}")
+    if ps:
+        bound = s["config"]["engine"]["staleness"]
+        rule = {0: "synchronous", None: "asynchronous"}.get(bound, f"staleness bound {bound}")
+        print(f"parameter server  {rule}; {ps['version']} updates from {ps['pushes']} pushes; "
+              f"staleness mean {ps['staleness_mean']:.2f}, max {ps['staleness_max']}; "
+              f"workers lost {ps['workers_lost']}")
     opt = s["config"]["optimizer"]
     state = ", ".join(f"{'disk' if device.startswith('disk:') else device.split('/')[-1]}: {n:,}"
                       for device, n in s["optimizer_state_bytes"].items())
@@ -181,8 +190,9 @@ def _print_summary(s: dict) -> None:
     print(f"bytes sent/step   {s['bytes_sent_per_step']:,.0f} per worker "
           f"({s['communication_rounds']} exchanges; {dense:,} gradient bytes per exchange; "
           f"total {s['bytes_sent_total']:,.0f})")
-    print(f"collectives/step  {s['collectives_per_step']:.2f} collective calls per worker")
-    if s["bytes_ratio_vs_dense"] is not None:
+    calls = "RPCs (push, wait, pull)" if ps else "collective calls"
+    print(f"collectives/step  {s['collectives_per_step']:.2f} {calls} per worker")
+    if s["bytes_ratio_vs_dense"] is not None and not ps:
         print(f"vs dense          {s['bytes_ratio_vs_dense']:.4f} of the "
               f"{s['dense_bytes_per_step']:,.0f} bytes/step a dense all-reduce sends")
     print(f"time              {s['train_seconds']:.1f} s")

@@ -73,7 +73,8 @@ def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
 
 # keras_multi_worker: the baseline tfdist is measured against, Keras' own gradient all-reduce
 # under tf.distribute's multi-worker strategy (with only the keras#20585 fix), no tfdist optimizer.
-ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod")
+ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod",
+           "parameter_server")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -114,6 +115,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         lambda v: v >= 1, 2, most=1024),
         "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True,
                                   most=10**7),
+        # parameter_server: 0 synchronous, s >= 1 bounded staleness, null asynchronous.
+        "staleness": _int("an integer >= 0 (0 synchronous, s bounded), or null (asynchronous)",
+                          lambda v: v >= 0, 0, nullable=True, most=10**6),
+        "worker_timeout": _float("a number > 0 (seconds of silence before a worker is lost)",
+                                 lambda v: v > 0, 120, most=10**7),
     },
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),
@@ -283,6 +289,8 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     if c["train"]["resize_policy"] is not None and not c["train"]["checkpoint_steps"]:
         errors.append("train.resize_policy: a resize restarts the job from a backup; set "
                       "train.checkpoint_steps too")
+    if engine["name"] == "parameter_server":
+        errors += _parameter_server_checks(c)
     if engine["name"] == "keras_multi_worker":
         extras = [name for name, on in (
             ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
@@ -296,6 +304,29 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")
+    return errors
+
+
+def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
+    """What parameter-server training does not do (yet): the servers apply plain gradients."""
+    comp, opt, train = c["compression"], c["optimizer"], c["train"]
+    extras = [name for name, on in (
+        ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
+        ("averaging.period", c["averaging"]["period"] is not None),
+        ("optimizer.zero_stage", opt["zero_stage"] is not None),
+        ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
+        ("train.checkpoint_steps", bool(train["checkpoint_steps"])),
+        ("train.resize_policy", train["resize_policy"] is not None)) if on]
+    errors = []
+    if extras:
+        errors.append(f"engine.name: 'parameter_server' trains with plain gradients pushed to the "
+                      f"servers; {', '.join(extras)} do(es) not combine with it: leave "
+                      "compression.name none, averaging.period null, optimizer.zero_stage null, "
+                      "optimizer.accumulation_steps 1, train.checkpoint_steps and "
+                      "train.resize_policy null")
+    if train["precision"] == "mixed_float16":
+        errors.append("train.precision: 'mixed_float16' needs loss scaling, which "
+                      "parameter-server training does not do; use float32 or mixed_bfloat16")
     return errors
 
 

@@ -6,6 +6,7 @@ Used by the test rig and by `python -m tfdist.launch`:
     python -m tfdist.launch --hosts node1:2,node2:2 -- .venv/bin/tfdist train ...
     python -m tfdist.launch --hostfile hosts.txt --port 23456 -- .venv/bin/tfdist train ...
     python -m tfdist.launch --elastic --workers 3 --min-workers 2 -- tfdist train ...
+    python -m tfdist.launch --ps 1 --workers 2 -- tfdist train --set engine.name=parameter_server
     python -m tfdist.launch --horovod -np 4 --hostfile hosts.txt -- python train.py
     python -m tfdist.launch --horovod -np 4 --min-np 2 --max-np 8 \
         --host-discovery-script ./discover_hosts.sh -- python train.py      # elastic Horovod
@@ -17,6 +18,11 @@ machine start directly, the others through ssh (`--ssh`, default `ssh -tt -o Bat
 so closing the session stops the remote worker) in the same working directory. Output is
 streamed with a `[worker i]` prefix; if one worker fails, the others are stopped; the exit code
 is the first failure's (or 0). Every local process runs in its own process group, killed on exit.
+
+Parameter servers (`--ps P`): the first P tasks are "ps" tasks in TF_CONFIG, the others
+"worker" tasks (with `--workers N`, N + P local processes; with hosts, the first P slots). A
+worker that fails does not stop the others (the servers go on without it); the exit code is the
+first parameter server's failure, else the chief's (worker 0).
 
 Elastic (`--elastic --workers N [--min-workers A] [--max-restarts R]`): when workers fail (a
 crash, a kill, the OOM killer), the launcher stops the others and starts the job again on the
@@ -94,8 +100,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-def cluster_config(index: int, addresses: list[str]) -> str:
-    """TF_CONFIG for worker `index` of the workers at `addresses` ("host:port" each)."""
+def cluster_config(index: int, addresses: list[str], ps: int = 0) -> str:
+    """TF_CONFIG for task `index` of the tasks at `addresses` ("host:port" each): the first
+    `ps` are parameter servers ("ps"), the others workers."""
+    if ps:
+        kind, position = ("ps", index) if index < ps else ("worker", index - ps)
+        return json.dumps({"cluster": {"ps": addresses[:ps], "worker": addresses[ps:]},
+                           "task": {"type": kind, "index": position}})
     return json.dumps({"cluster": {"worker": addresses},
                        "task": {"type": "worker", "index": index}})
 
@@ -106,13 +117,13 @@ def tf_config(index: int, ports: list[int], host: str = "127.0.0.1") -> str:
 
 
 def _pump(proc: subprocess.Popen, rank: int, sink: list[str], echo: bool,
-          on_line: Callable[[int, str], None] | None) -> None:
+          on_line: Callable[[int, str], None] | None, label: str) -> None:
     assert proc.stdout is not None
     for line in iter(proc.stdout.readline, ""):
         line = line.replace("\r\n", "\n")  # ssh -tt sessions end lines with CRLF
         sink.append(line)
         if echo:
-            sys.stdout.write(f"[worker {rank}] {line}")
+            sys.stdout.write(f"[{label}] {line}")
             sys.stdout.flush()
         if on_line is not None:
             on_line(rank, line)
@@ -132,7 +143,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float,
                   echo: bool = False, stop_on_failure: bool = True,
-                  on_line: Callable[[int, str], None] | None = None) -> list[WorkerResult]:
+                  on_line: Callable[[int, str], None] | None = None,
+                  labels: list[str] | None = None) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
     Args:
@@ -142,6 +154,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         stop_on_failure: Stop the others (after a 10 s grace for their own error reports)
             when one exits non-zero.
         on_line: Called with (rank, line) for every line a process writes, as it comes.
+        labels: The echo prefix of each process (default `worker i`).
     """
     procs: list[subprocess.Popen] = []
     sinks: list[list[str]] = []
@@ -159,8 +172,9 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                 raise CommandNotFound(e.errno, f"cannot run {argv[0]!r}: {e.strerror}") from None
             procs.append(proc)
             sinks.append([])
-            t = threading.Thread(target=_pump, args=(proc, rank, sinks[-1], echo, on_line),
-                                 daemon=True)
+            label = labels[rank] if labels else f"worker {rank}"
+            t = threading.Thread(target=_pump,
+                                 args=(proc, rank, sinks[-1], echo, on_line, label), daemon=True)
             t.start()
             threads.append(t)
         deadline = time.monotonic() + timeout
@@ -260,10 +274,11 @@ def _elastic_loop(argv, size, min_workers, max_restarts, deadline, env, control,
         size = left
 
 
-def report(results: list[WorkerResult]) -> None:
+def report(results: list[WorkerResult], labels: list[str] | None = None) -> None:
     for r in results:
         if r.returncode != 0:
-            print(f"[launch] worker {r.rank} {r.describe()}", file=sys.stderr, flush=True)
+            label = labels[r.rank] if labels else f"worker {r.rank}"
+            print(f"[launch] {label} {r.describe()}", file=sys.stderr, flush=True)
 
 
 def run_tf_workers(argv: list[str], num_workers: int, timeout: float,
@@ -321,11 +336,12 @@ def is_local(host: str) -> bool:
 
 
 def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEFAULT_PORT,
-                  ssh: str = DEFAULT_SSH, env: dict[str, str] | None = None
+                  ssh: str = DEFAULT_SSH, env: dict[str, str] | None = None, ps: int = 0
                   ) -> list[tuple[list[str], dict[str, str]]]:
-    """(argv, environment) per worker: `slots` workers per host, TF_CONFIG addresses
+    """(argv, environment) per task: `slots` tasks per host, TF_CONFIG addresses
     host:port, host:port+1, ...; remote ones wrapped in `ssh host 'cd ... && env ... argv'`
-    (only TF_CONFIG and the TF_/TFDIST_/PYTHON variables set here travel with them)."""
+    (only TF_CONFIG and the TF_/TFDIST_/PYTHON variables set here travel with them). The first
+    `ps` tasks are parameter servers."""
     base = dict(os.environ if env is None else env)
     all_local = all(is_local(h) for h, _ in hosts)
     total = sum(slots for _, slots in hosts)
@@ -339,7 +355,7 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
     rank = 0
     for host, slots in hosts:
         for _ in range(slots):
-            config = cluster_config(rank, addresses)
+            config = cluster_config(rank, addresses, ps)
             if is_local(host):
                 commands.append((argv, {**base, "TF_CONFIG": config}))
             else:
@@ -427,6 +443,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="first worker port on each remote host (TF_CONFIG)")
     p.add_argument("--ssh", default=DEFAULT_SSH, help="command that reaches a remote host")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before all are killed")
+    p.add_argument("--ps", type=int, default=0,
+                   help="parameter-server tasks: with --workers, this many more local "
+                        "processes; with hosts, the first slots")
     elastic = p.add_argument_group("elastic TF_CONFIG workers (with --workers)")
     elastic.add_argument("--elastic", action="store_true",
                          help="restart on the workers left when workers fail (tfdist train "
@@ -459,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hosts = (parse_hosts(args.hosts) if args.hosts else
                  read_hostfile(args.hostfile) if args.hostfile else None)
+        if args.ps and (args.horovod or args.elastic):
+            raise ValueError("--ps starts TF_CONFIG parameter servers; it does not combine with "
+                             "--horovod or --elastic")
+        if args.ps < 0:
+            raise ValueError(f"--ps must be >= 0. Received: {args.ps}")
         if args.horovod:
             if args.workers is not None:
                 raise ValueError("--workers is for TF_CONFIG workers; with --horovod give -np")
@@ -489,16 +513,28 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("say where: --workers N (this machine), --hosts or --hostfile")
             if args.workers is not None and args.workers < 1:
                 raise ValueError(f"--workers must be >= 1. Received: {args.workers}")
-            commands = host_commands(command, hosts or [("127.0.0.1", args.workers)],
-                                     args.port, args.ssh)
+            if hosts is not None and sum(n for _, n in hosts) <= args.ps:
+                raise ValueError(f"--ps {args.ps} leaves no slot of the hosts for a worker")
+            commands = host_commands(
+                command, hosts or [("127.0.0.1", args.workers + args.ps)], args.port, args.ssh,
+                ps=args.ps)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    labels = ([f"ps {i}" for i in range(args.ps)] +
+              [f"worker {i}" for i in range(len(commands) - args.ps)]) if args.ps else None
     try:
-        results = run_processes(commands, args.timeout, echo=True)
+        results = run_processes(commands, args.timeout, echo=True, labels=labels,
+                                stop_on_failure=not args.ps)
     except CommandNotFound as e:
         print(f"[launch] {e.strerror}", file=sys.stderr)
         return 127
-    report(results)
+    report(results, labels)
+    if args.ps:  # the servers and the chief decide; a lost worker is reported above
+        decisive = results[:args.ps + 1]
+        failed = [r for r in decisive if r.returncode not in (0, None)]
+        if failed:
+            return failed[0].exit_code
+        return 1 if any(r.returncode is None for r in decisive) else 0
     failed = [r for r in results if r.returncode not in (0, None)]
     if failed:
         return failed[0].exit_code

@@ -52,6 +52,7 @@ from tfdist.data import (
 )
 from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
+from tfdist.ps import FinishCallback, ParameterServerEngine, ParameterServerOptimizer, serve
 from tfdist.tools.config import ConfigError, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
@@ -97,6 +98,11 @@ def make_job(config: dict[str, Any]) -> Job:
         strategy = tfdist.MultiWorkerMirroredStrategy(
             timeout_seconds=config["engine"]["timeout_seconds"])
         return Job(name, strategy, DistributeEngine(strategy))
+    if name == "parameter_server":
+        try:
+            return Job(name, None, ParameterServerEngine())
+        except ValueError as e:
+            raise ConfigError(f"engine.name is 'parameter_server': {e}") from None
     if name == "mirrored":
         devices = local_devices(config["engine"]["devices"])
         strategy = tfdist.strategies.new_mirrored_strategy(devices)
@@ -293,6 +299,8 @@ def _wrap(job: Job, inner, config: dict):
     built."""
     if job.name == "keras_multi_worker":
         return inner
+    if isinstance(job.engine, ParameterServerEngine):  # the servers run `inner`
+        return ParameterServerOptimizer(float(inner.learning_rate), cluster=job.engine.cluster)
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"])
@@ -371,8 +379,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Trains as `config` says; returns the run summary, which the chief also writes, with the
     model and the config, to the run directory (`summary["run_dir"]`)."""
     started = time.time()
-    run_dir = run_directory(config)
     job = make_job(config)
+    if isinstance(job.engine, ParameterServerEngine) and job.engine.cluster.is_ps:
+        return _serve(config, job)
+    run_dir = run_directory(config)
     files = RunFiles(run_dir, job.is_chief)
     keras.utils.set_random_seed(config["train"]["seed"])
     keras.config.set_dtype_policy(config["train"]["precision"])
@@ -401,7 +411,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     with scope:
         model = make_model(config, data)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
-        model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"])
+        model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
+                      **({"jit_compile": False} if job.name == "parameter_server" else {}))
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
 
@@ -426,6 +437,11 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         callbacks += [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
         if warmup:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
+    elif job.name == "parameter_server":
+        dataset = shard_batches(batches(), job.rank, job.world_size)
+        callbacks.append(finish := FinishCallback())
+        if warmup:
+            callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"], scale=scale))
     elif job.strategy is not None:
         dataset = distribute_batches(job.strategy, batches)
         if warmup:
@@ -435,7 +451,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     timer, counter = StepTimer(), BatchCounter()
     callbacks += [timer, counter]
     counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
-    if counted:
+    if counted and job.name != "parameter_server":
         callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
@@ -486,7 +502,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "dense_bytes_per_step": dense_per_step,
         "bytes_ratio_vs_dense": (bytes_sent / total_steps / dense_per_step
                                  if dense_per_step else None),
-        "optimizer_state_bytes": _state_bytes(optimizer) if counted else {},
+        "optimizer_state_bytes": (_state_bytes(optimizer)
+                                  if counted and job.name != "parameter_server" else {}),
+        # The parameter servers' counters, seen from the chief at the end (staleness).
+        "parameter_server": finish.report if job.name == "parameter_server" else None,
         "train_seconds": round(train_seconds, 2),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
@@ -511,6 +530,24 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         summary["summary_path"] = str(run_dir / SUMMARY)
     keras.config.set_dtype_policy("float32")
     return summary
+
+
+def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
+    """A parameter-server task: builds the model as the workers do (same seed) and serves its
+    shard of the variables, with the config's optimizer, until the workers are done."""
+    cluster = job.engine.cluster if isinstance(job.engine, ParameterServerEngine) else None
+    assert cluster is not None and cluster.is_ps
+    keras.utils.set_random_seed(config["train"]["seed"])
+    keras.config.set_dtype_policy(config["train"]["precision"])
+    model = make_model(config, load_data(config))
+    opt_cfg = config["optimizer"]
+    scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
+    report = serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
+                   staleness=config["engine"]["staleness"], cluster=cluster,
+                   worker_timeout=config["engine"]["worker_timeout"])
+    keras.config.set_dtype_policy("float32")
+    return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
+            **report}
 
 
 def _auto_report(optimizer) -> dict[str, Any] | None:

@@ -1,0 +1,368 @@
+"""Parameter-server training: the consistency rules, the worker's optimizer over TensorFlow's RPC
+layer, and whole jobs of 1 ps + 2 workers (`python -m tfdist.launch --ps 1 --workers 2`):
+staleness 0 equals synchronous data parallelism, asynchronous training reaches the default job's
+accuracy, a killed worker does not stop the job, a killed server stops it with a clear error."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.conftest import ROOT, worker_env
+from tfdist.ps import Cluster, ParameterServer, ParameterServerOptimizer, assign_shards
+from tfdist.tools.config import ConfigError, load_config
+from tfdist.tools.launch import cluster_config, free_ports
+
+
+# -- the cluster ---------------------------------------------------------------------------------
+def test_the_cluster_comes_from_tf_config_with_the_chief_as_worker_0():
+    cluster = {"ps": ["h:1", "h:2"], "chief": ["h:3"], "worker": ["h:4", "h:5"]}
+    def parse(kind, index):
+        return Cluster.from_tf_config(json.dumps(
+            {"cluster": cluster, "task": {"type": kind, "index": index}}))
+    assert parse("chief", 0).task_index == 0 and parse("chief", 0).workers == ("h:3", "h:4", "h:5")
+    assert parse("worker", 1).task_index == 2 and parse("worker", 1).task_type == "worker"
+    assert parse("ps", 1).is_ps and parse("ps", 1).ps == ("h:1", "h:2")
+    assert parse("ps", 1).num_workers == 3
+
+
+@pytest.mark.parametrize("config, message", [
+    ("", "needs TF_CONFIG"),
+    ("{not json", "not a cluster description"),
+    ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}', "no 'ps' job"),
+    ('{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 0}}', "no 'worker' or 'chief'"),
+    ('{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "evaluator", "index": 0}}',
+     "'evaluator' has no part"),
+    ('{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 3}}',
+     "task index 3 is outside the 1 'worker'"),
+])
+def test_bad_tf_config_is_refused_with_the_fix(config, message, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Cluster.from_tf_config(config or None)
+
+
+def test_variables_spread_over_the_servers_by_size():
+    owner = assign_shards([100, 10, 60, 50, 5], 2)
+    loads = [sum(s for s, o in zip([100, 10, 60, 50, 5], owner) if o == p) for p in (0, 1)]
+    assert owner == assign_shards([100, 10, 60, 50, 5], 2)  # the same on every task
+    assert sorted(loads) == [110, 115]  # largest first, each on the lighter server
+    assert assign_shards([7, 7, 7], 1) == [0, 0, 0]
+
+
+def test_the_launcher_writes_ps_and_worker_tasks():
+    addresses = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    tasks = [json.loads(cluster_config(i, addresses, ps=1)) for i in range(3)]
+    assert tasks[0]["cluster"] == {"ps": addresses[:1], "worker": addresses[1:]}
+    assert [t["task"] for t in tasks] == [{"type": "ps", "index": 0},
+                                           {"type": "worker", "index": 0},
+                                           {"type": "worker", "index": 1}]
+
+
+# -- the consistency rules, on a server called directly -------------------------------------------
+def _server(staleness, workers=2, timeout=60.0):
+    variable = keras.Variable(np.zeros(3, np.float32))
+    return ParameterServer([variable], keras.optimizers.SGD(1.0), workers, staleness=staleness,
+                           worker_timeout=timeout), variable
+
+
+def _grad(value):
+    return [np.full(3, value, np.float32)]
+
+
+def test_synchronous_rounds_apply_the_mean_once_everyone_pushed():
+    server, w = _server(0)
+    assert server.push(0, 0, 1.0, _grad(1.0)) == 0
+    assert not server.ready(0)  # worker 1 has not pushed
+    np.testing.assert_array_equal(w.numpy(), 0.0)
+    assert server.push(1, 0, 0.5, _grad(3.0)) == 1
+    assert server.ready(0) and server.ready(1)
+    np.testing.assert_allclose(w.numpy(), -0.5 * 2.0)  # lr of the round's last push x mean
+    assert server.report()["staleness_histogram"] == {0: 2}
+
+
+def test_asynchronous_updates_apply_at_once_and_count_their_staleness():
+    server, w = _server(None)
+    server.push(0, 0, 1.0, _grad(1.0))
+    server.push(0, 1, 1.0, _grad(1.0))
+    server.push(1, 0, 1.0, _grad(1.0))  # computed on version 0, applied on version 2
+    assert server.ready(1) and server.version == 3
+    np.testing.assert_allclose(w.numpy(), -3.0)
+    report = server.report()
+    assert report["staleness_histogram"] == {0: 2, 2: 1}
+    assert report["staleness_max"] == 2 and report["staleness_mean"] == pytest.approx(2 / 3)
+
+
+def test_bounded_staleness_holds_a_worker_that_runs_ahead():
+    server, _ = _server(1)
+    server.push(0, 0, 1.0, _grad(1.0))
+    assert server.ready(0)  # one push ahead of worker 1: allowed
+    server.push(0, 1, 1.0, _grad(1.0))
+    assert not server.ready(0)  # two ahead: waits
+    server.push(1, 0, 1.0, _grad(1.0))
+    assert server.ready(0) and server.ready(1)
+    server.finish(1)  # a finished worker no longer holds the others
+    server.push(0, 3, 1.0, _grad(1.0))
+    server.push(0, 4, 1.0, _grad(1.0))
+    assert server.ready(0)
+
+
+def test_a_silent_worker_is_lost_and_the_round_goes_on_without_it(capsys):
+    server, w = _server(0, timeout=0.2)
+    server.push(0, 0, 1.0, _grad(2.0))
+    assert not server.ready(0)
+    time.sleep(0.3)
+    assert server.ready(0)  # worker 1 declared lost; the round is applied with one gradient
+    np.testing.assert_allclose(w.numpy(), -2.0)
+    assert "worker 1 silent for 0.2 s at clock 0: going on without it" in capsys.readouterr().out
+    assert server.report()["workers_lost"] == 1
+    server.push(1, 0, 1.0, _grad(1.0))  # it speaks again: taken back
+    assert server.report()["workers_lost"] == 0
+    assert "worker 1 is back" in capsys.readouterr().out
+
+
+def test_bad_server_arguments_are_refused():
+    variable = keras.Variable(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="staleness"):
+        ParameterServer([variable], keras.optimizers.SGD(1.0), 2, staleness=-1)
+    with pytest.raises(ValueError, match="holds no variables"):
+        ParameterServer([], keras.optimizers.SGD(1.0), 2)
+
+
+# -- the worker's optimizer over RPC -------------------------------------------------------------
+LEARNING_RATE = 0.05
+
+
+def _model(seed=3):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def test_one_worker_on_a_server_equals_plain_keras():
+    """The push, wait and pull inside Keras' traced step; the server's Adam == Keras' Adam."""
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 2, 32)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    reference = _model()
+    reference.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss=loss)
+    reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+
+    (port,) = free_ports(1)
+    server = subprocess.Popen([sys.executable, "-m", "tests.workers.ps_server", str(port)],
+                              cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0)
+        model = _model(seed=9)  # other initial weights: the worker starts from the server's
+        optimizer = ParameterServerOptimizer(LEARNING_RATE, cluster=cluster)
+        model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+        finish = tfdist.ps.FinishCallback()
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[finish])
+        out, _ = server.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert finish.report["version"] == 8 and finish.report["workers_finished"] == 1
+    assert optimizer.communication_rounds == 8
+    gradient_bytes = 4 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    assert optimizer.bytes_sent == 8 * gradient_bytes
+    assert json.loads(out.splitlines()[-1])["bytes_received"] == 8 * gradient_bytes
+
+
+def test_a_worker_with_no_server_says_where_it_looked():
+    (port,) = free_ports(1)
+    cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0)
+    model = _model()
+    model.compile(optimizer=ParameterServerOptimizer(0.05, cluster=cluster, connect_timeout=1.0),
+                  loss="mse", jit_compile=False)
+    with pytest.raises(ConnectionError, match=f"No parameter server answered at 127.0.0.1:{port}"):
+        model.fit(np.zeros((4, 6)), np.zeros((4, 2)), verbose=0)
+
+
+def test_a_ps_task_refuses_the_workers_optimizer():
+    cluster = Cluster(("127.0.0.1:1",), ("127.0.0.1:2",), "ps", 0)
+    with pytest.raises(ValueError, match="parameter server 0: it runs `tfdist.ps.serve"):
+        ParameterServerOptimizer(cluster=cluster).cluster  # noqa: B018
+
+
+# -- configs -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, message", [
+    ("engine.staleness=-1", "engine.staleness"),
+    ("compression.name=topk", "compression.name do(es) not combine"),
+    ("train.precision=mixed_float16", "parameter-server training does not do"),
+])
+def test_configs_that_parameter_servers_cannot_run_are_refused(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["engine.name=parameter_server", override])
+
+
+def test_tfdist_train_without_a_ps_task_names_the_fix(monkeypatch):
+    from tfdist.tools.runner import train
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(ConfigError, match="no 'ps' job"):
+        train(load_config(None, ["engine.name=parameter_server"]))
+
+
+# -- whole jobs: 1 ps + 2 workers -----------------------------------------------------------------
+JOB = ["--set", "train.epochs=1", "--set", "train.evaluate_each_epoch=false"]
+
+
+def _command(out, *sets, ps=True):
+    train = [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB,
+             "--set", f"train.output_dir={out}", *sets]
+    if not ps:
+        return train
+    return [sys.executable, "-m", "tfdist.launch", "--ps", "1", "--workers", "2",
+            "--timeout", "300", "--", *train, "--set", "engine.name=parameter_server"]
+
+
+def _run(command):
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=worker_env(),
+                            timeout=330)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result
+
+
+def _summary_and_weights(out):
+    (summary,) = out.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The default job for one epoch: on 1 ps + 2 workers with staleness 0 and asynchronously
+    (3 epochs), and with MirroredStrategy over 2 devices: {name: (summary, weights, output)}."""
+    runs = {}
+    for name, command_sets in {
+        "sync": (["--set", "engine.staleness=0"], True),
+        "async": (["--set", "engine.staleness=null", "--set", "train.epochs=3"], True),
+        "mirrored": (["--set", "engine.name=mirrored", "--set", "engine.devices=2"], False),
+    }.items():
+        sets, ps = command_sets
+        out = tmp_path_factory.mktemp(name)
+        result = _run(_command(out, *sets, ps=ps))
+        runs[name] = (*_summary_and_weights(out), result.stdout + result.stderr)
+    return runs
+
+
+@pytest.mark.multiprocess
+def test_staleness_0_on_two_workers_equals_synchronous_training_on_two_devices(jobs):
+    summary, weights, output = jobs["sync"]
+    _, reference, _ = jobs["mirrored"]
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    ps = summary["parameter_server"]
+    steps = summary["steps"]
+    assert ps["version"] == steps and ps["pushes"] == 2 * steps
+    assert ps["staleness_histogram"] == {"0": 2 * steps} and ps["workers_lost"] == 0
+    assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]
+    assert "[ps 0] parameter server 0: serving" in output
+    assert "parameter server  synchronous" in output
+
+
+@pytest.mark.multiprocess
+def test_asynchronous_training_reaches_the_default_jobs_accuracy(jobs):
+    summary, _, output = jobs["async"]
+    ps = summary["parameter_server"]
+    assert summary["test_accuracy"] >= 0.9, summary["test_accuracy"]
+    assert ps["version"] == ps["pushes"] == 2 * summary["steps"]  # every gradient applied at once
+    assert sum(ps["staleness_histogram"].values()) == ps["pushes"]
+    assert "parameter server  asynchronous" in output
+
+
+def _pid_of(task_type: str, index: int, marker: str) -> int | None:
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(i.split(b"=", 1) for i in f.read().split(b"\0") if b"=" in i)
+        except OSError:
+            continue
+        task = json.loads(env.get(b"TF_CONFIG", b"{}") or b"{}").get("task", {})
+        if task == {"type": task_type, "index": index}:
+            return int(entry)
+    return None
+
+
+def _kill_during_epoch_2(out, task_type, index, *sets):
+    """Runs a 3-epoch job, SIGKILLs task (`task_type`, `index`) when the chief starts epoch 2;
+    returns the launcher's (exit code, output)."""
+    command = _command(out, "--set", "train.epochs=3", *sets)
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    killed = threading.Event()
+
+    def watch():
+        for line in launcher.stdout:
+            lines.append(line)
+            if not killed.is_set() and line.startswith("[worker 0] Epoch 2/"):
+                pid = _pid_of(task_type, index, str(out))
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.set()
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    try:
+        launcher.wait(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    reader.join(10)
+    assert killed.is_set(), "".join(lines)[-3000:]
+    return launcher.returncode, "".join(lines)
+
+
+@pytest.mark.multiprocess
+def test_a_killed_worker_does_not_stop_the_job(tmp_path):
+    code, output = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=1",
+                                        "--set", "engine.worker_timeout=5")
+    assert code == 0, output[-4000:]
+    assert re.search(r"parameter server 0: worker 1 silent for 5 s at clock \d+: going on "
+                     "without it", output), output[-4000:]
+    assert "[launch] worker 1 was killed by SIGKILL (signal 9)" in output
+    summary, _ = _summary_and_weights(tmp_path)
+    assert summary["parameter_server"]["workers_lost"] == 1
+    assert summary["parameter_server"]["workers_finished"] == 1
+
+
+@pytest.mark.multiprocess
+def test_a_killed_parameter_server_stops_the_workers_with_a_clear_error(tmp_path):
+    code, output = _kill_during_epoch_2(tmp_path, "ps", 0)
+    assert code != 0
+    assert re.search(r"parameter server 0 at 127\.0\.0\.1:\d+ failed to answer (push|ready|pull) "
+                     r"\(it stopped or hangs; the job can resume from its last backup\)",
+                     output), output[-4000:]
+    assert "[launch] ps 0 was killed by SIGKILL (signal 9)" in output
+    assert not list(tmp_path.glob("*/summary.json"))
+
+
+def test_the_ps_engine_has_no_collectives_between_workers():
+    engine = tfdist.ps.ParameterServerEngine(Cluster(("h:1",), ("h:2", "h:3"), "worker", 1))
+    assert (engine.world_size, engine.process_index, engine.is_chief) == (2, 1, False)
+    assert tfdist.comm.ENGINES["parameter_server"] is tfdist.ps.ParameterServerEngine
+    with pytest.raises(NotImplementedError, match="no collectives"):
+        engine.communicator()

@@ -1,0 +1,273 @@
+"""The workers' side of parameter-server training: a Keras optimizer whose step pushes the
+gradients to the parameter servers, waits as their consistency rule says, and pulls the weights.
+
+Each worker runs plain `model.fit` on its own shard of the data; the inner optimizer (and its
+state) lives on the parameter servers (`tfdist.ps.serve`). The worker's step, inside Keras'
+traced train step:
+
+    push(gradients of each server's shard, the weights' version, the learning rate)
+    while not every server says ready: sleep `poll_seconds`, ask again
+    pull every shard's weights into the model
+
+The RPCs are TensorFlow's own (`tf.distribute.experimental.rpc`, gRPC), called from the graph.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import tensorflow as tf
+
+from tfdist.arguments import check_number
+from tfdist.optimizers.chain import dense_gradient
+from tfdist.ps.cluster import Cluster, assign_shards, nbytes
+from tfdist.ps.server import STATS_LEN, staleness_report
+
+SCALAR = tf.TensorSpec([], tf.int64)
+
+
+def connect(address: str, name: str, timeout: float):
+    """An RPC client of the parameter server at `address`, retried until it answers.
+
+    Raises:
+        ConnectionError: nothing answered within `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return tf.distribute.experimental.rpc.Client.create("grpc", address, name=name,
+                                                                timeout_in_ms=5000)
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.InternalError) as e:
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"No parameter server answered at {address} within {timeout:g} s "
+                    f"({e.message.splitlines()[0] if e.message else type(e).__name__}): start "
+                    "the ps task(s) (`python -m tfdist.launch --ps 1 --workers N -- ...` starts "
+                    "them all), or raise `connect_timeout`.") from None
+            time.sleep(0.5)
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class ParameterServerOptimizer(keras.optimizers.Optimizer):
+    """A worker's optimizer in parameter-server training (see the module docstring).
+
+    The optimizer that updates the weights runs on the parameter servers
+    (`tfdist.ps.serve(model, optimizer, ...)`); this one only carries the learning rate (sent
+    with every push, so schedules and warm-up callbacks on the worker steer the servers) and
+    the traffic counters. Compile with `jit_compile=False` (the RPCs do not compile with XLA).
+    Add `tfdist.ps.FinishCallback()` to `fit` so the servers know when a worker is done.
+
+    Args:
+        learning_rate: The learning rate (a float or a schedule).
+        cluster: The `tfdist.ps.Cluster`; default: from TF_CONFIG when the optimizer is built
+            (so a saved model loads anywhere).
+        poll_seconds: Pause between two "may I go on?" questions while waiting.
+        connect_timeout: Seconds to wait for the parameter servers to answer at the start.
+        call_timeout: Seconds after which one RPC fails (a parameter server that hangs).
+        name: Optional name.
+
+    Example (every task runs the same script; see `tfdist.ps.serve` for the ps side):
+        ```python
+        cluster = tfdist.ps.Cluster.from_tf_config()
+        model = build_model()  # the same seed on every task
+        if cluster.is_ps:
+            tfdist.ps.serve(model, keras.optimizers.Adam(1e-3), staleness=0)
+        else:
+            model.compile(optimizer=tfdist.ps.ParameterServerOptimizer(1e-3),
+                          loss="sparse_categorical_crossentropy", jit_compile=False)
+            model.fit(my_shard, epochs=3, callbacks=[tfdist.ps.FinishCallback()])
+        ```
+    """
+
+    def __init__(self, learning_rate=0.001, cluster: Cluster | None = None,
+                 poll_seconds: float = 0.002, connect_timeout: float = 300.0,
+                 call_timeout: float = 600.0, name: str | None = None, **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name or "parameter_server", **kwargs)
+        self._cluster = cluster
+        self.poll_seconds = check_number("poll_seconds", poll_seconds, 0)
+        self.connect_timeout = check_number("connect_timeout", connect_timeout, 0, low_open=True)
+        self.call_timeout = check_number("call_timeout", call_timeout, 0, low_open=True)
+        self._clients: list = []
+        self.report: dict | None = None
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster.from_tf_config()
+        if self._cluster.is_ps:
+            raise ValueError(f"This task is parameter server {self._cluster.task_index}: it "
+                             "runs `tfdist.ps.serve(model, optimizer)`, not a worker's optimizer.")
+        return self._cluster
+
+    @property
+    def worker(self) -> int:
+        """This worker's index (the chief is 0)."""
+        return self.cluster.task_index
+
+    # -- Keras optimizer API ---------------------------------------------------------------------
+    def build(self, var_list):
+        super().build(var_list)
+        owner = assign_shards([nbytes(v) for v in var_list], len(self.cluster.ps))
+        self._shards = [[i for i, o in enumerate(owner) if o == p]
+                        for p in range(len(self.cluster.ps))]
+        empty = [p for p, shard in enumerate(self._shards) if not shard]
+        if empty:
+            raise ValueError(f"{len(self.cluster.ps)} parameter servers for {len(var_list)} "
+                             "trainable variables leave some servers without any; use at most "
+                             f"{len(var_list)} ps tasks.")
+        with tf.init_scope():
+            # Counters for this worker's process only (the servers hold the training state).
+            self._version = [tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name=f"ps{p}_version")
+                             for p in range(len(self.cluster.ps))]
+            self._counters = {key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
+                              for key in ("bytes_pushed", "bytes_pulled", "pushes", "calls")}
+            self._clients = [connect(address, f"tfdist_ps{p}", self.connect_timeout)
+                             for p, address in enumerate(self.cluster.ps)]
+            self._pull(var_list)  # start from the servers' weights
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        variables = list(trainable_variables or self._trainable_variables)
+        grads = [tf.zeros_like(v) if g is None else dense_gradient(g, v)
+                 for g, v in zip(grads, variables)]
+        worker = tf.constant(self.worker, tf.int64)
+        lr = tf.cast(self.learning_rate, tf.float32)
+        pushed = [self._call(p, "push", [worker, self._version[p], lr,
+                                         *[tf.cast(grads[i], variables[i].dtype)
+                                           for i in shard]], SCALAR)
+                  for p, shard in enumerate(self._shards)]
+        with tf.control_dependencies(pushed):
+            ready = tf.while_loop(lambda ok: tf.logical_not(ok), lambda ok: self._ready(True),
+                                  [self._ready(False)])
+        with tf.control_dependencies([ready]):
+            self._pull(variables)
+        self._count("bytes_pushed", sum(nbytes(v) for v in variables))
+        self._count("pushes", 1)
+        self.iterations.assign_add(1)
+
+    # -- the RPCs --------------------------------------------------------------------------------
+    def _call(self, p: int, method: str, args: list, specs):
+        status = self._clients[p].call(method, args, output_specs=specs,
+                                       timeout_in_ms=int(1000 * self.call_timeout))
+        ok = status.is_ok()
+        _, message = status.get_error()
+        check = tf.debugging.Assert(ok, [
+            f"tfdist: parameter server {p} at {self.cluster.ps[p]} failed to answer "
+            f"{method} (it stopped or hangs; the job can resume from its last backup):",
+            message])
+        self._count("calls", 1)
+        with tf.control_dependencies([check]):
+            return tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
+                                         status.get_value(), specs)
+
+    def _ready(self, pause: bool):
+        waits = []
+        if pause:
+            waits.append(tf.py_function(self._pause, [], tf.bool))
+        with tf.control_dependencies(waits):
+            worker = tf.constant(self.worker, tf.int64)
+            answers = [self._call(p, "ready", [worker], tf.TensorSpec([], tf.bool))
+                       for p in range(len(self._clients))]
+            return tf.reduce_all(tf.stack(answers))
+
+    def _pause(self) -> bool:
+        time.sleep(self.poll_seconds)
+        return True
+
+    def _pull(self, variables: list) -> None:
+        worker = tf.constant(self.worker, tf.int64)
+        for p, shard in enumerate(self._shards):
+            specs = [SCALAR] + [tf.TensorSpec(variables[i].shape, variables[i].dtype)
+                                for i in shard]
+            version, *values = self._call(p, "pull", [worker], specs)
+            self._version[p].assign(version)
+            for i, value in zip(shard, values):
+                variables[i].assign(value)
+        self._count("bytes_pulled", sum(nbytes(v) for v in variables))
+
+    def _count(self, key: str, amount: int) -> None:
+        if self._counters:
+            self._counters[key].assign_add(tf.constant(amount, tf.int64))
+
+    # -- the end of training ----------------------------------------------------------------------
+    def finish(self, chief: bool | None = None, timeout: float = 3600.0) -> dict:
+        """Tells the servers this worker is done. The chief (worker 0, by default) then waits
+        until every worker has finished or is lost, pulls the final weights into the model, and
+        lets the servers end; it returns the servers' report (`staleness_report`, summed over
+        servers), the others an empty dict."""
+        chief = self.worker == 0 if chief is None else chief
+        worker = tf.constant(self.worker, tf.int64)
+        for p in range(len(self._clients)):
+            self._call(p, "finish", [worker], SCALAR)
+        if not chief:
+            return {}
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = [self._call(p, "stats", [], tf.TensorSpec([STATS_LEN], tf.int64)).numpy()
+                     for p in range(len(self._clients))]
+            reports = [staleness_report(s) for s in stats]
+            if all(r["workers_finished"] + r["workers_lost"] >= self.cluster.num_workers
+                   for r in reports) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self._pull(list(self._trainable_variables))
+        for p in range(len(self._clients)):
+            self._call(p, "release", [], SCALAR)
+        self.report = reports[0] if len(reports) == 1 else _combine(reports)
+        return self.report
+
+    # -- counters (the names every tfdist optimizer uses) ---------------------------------------
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes this worker pushed (gradients)."""
+        return float(self._counters["bytes_pushed"].numpy()) if self._counters else 0.0
+
+    @property
+    def bytes_received(self) -> float:
+        return float(self._counters["bytes_pulled"].numpy()) if self._counters else 0.0
+
+    @property
+    def communication_rounds(self) -> int:
+        return int(self._counters["pushes"].numpy()) if self._counters else 0
+
+    @property
+    def collective_calls(self) -> int:
+        """RPCs made (pushes, pulls and the waiting's questions)."""
+        return int(self._counters["calls"].numpy()) if self._counters else 0
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(poll_seconds=self.poll_seconds, connect_timeout=self.connect_timeout,
+                      call_timeout=self.call_timeout)
+        return config
+
+
+def _combine(reports: list[dict]) -> dict:
+    """One report for several servers: the first server's versions and staleness (every worker
+    pushes to every server at once, so they agree), the workers lost on any server."""
+    combined = dict(reports[0])
+    combined["workers_lost"] = max(r["workers_lost"] for r in reports)
+    return combined
+
+
+class FinishCallback(keras.callbacks.Callback):
+    """Ends a worker's part in parameter-server training when `fit` ends (see
+    `ParameterServerOptimizer.finish`); the chief's report is in `report` afterwards."""
+
+    def __init__(self, chief: bool | None = None):
+        super().__init__()
+        self.chief = chief
+        self.report: dict | None = None
+
+    def on_train_end(self, logs=None):
+        optimizer = self.model.optimizer
+        if not isinstance(optimizer, ParameterServerOptimizer):
+            raise TypeError("tfdist.ps.FinishCallback needs a model compiled with "
+                            f"tfdist.ps.ParameterServerOptimizer; got {type(optimizer).__name__}.")
+        self.report = optimizer.finish(self.chief)

@@ -1,0 +1,337 @@
+"""A parameter server: one shard of the model's variables, the optimizer state for them, and the
+consistency rule that decides when a worker may go on.
+
+Workers talk to it through TensorFlow's own RPC layer (`tf.distribute.experimental.rpc`, gRPC),
+from inside their traced train steps (see `ParameterServerOptimizer`). It offers:
+
+* `push(worker, based_on, lr, *grads)`: a worker's gradients for this shard, computed on the
+  weights of version `based_on`, and its current learning rate;
+* `ready(worker)`: whether the worker may pull and go on (the consistency rule below);
+* `pull(worker)`: the version and the shard's weights;
+* `finish(worker)`, `stats()`, `release()`: the end of a worker, the counters, the end of the job.
+
+`staleness` is the one knob:
+
+* 0, synchronous: the gradients of one round (one push per worker still training) are averaged
+  and applied once; nobody goes on before the round is applied. Equals synchronous data
+  parallelism on the same global batches.
+* s >= 1, bounded staleness (SSP, Ho et al. 2013): every gradient is applied as it arrives; a
+  worker waits while it is more than s pushes ahead of the slowest worker still training.
+* None, asynchronous (Downpour-style): every gradient is applied as it arrives; nobody waits.
+
+The staleness of each applied gradient (versions applied between the worker's pull and its
+push) is counted in a histogram. A worker silent for `worker_timeout` seconds is declared lost
+and the others go on without it (it is taken back if it speaks again); the server ends when
+every worker has finished or is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.arguments import check_int, check_number
+from tfdist.ps.cluster import Cluster, nbytes, shard_of
+
+BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
+STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
+RELEASE_GRACE_SECONDS = 30.0  # how long the server waits for the chief's last pull
+
+
+def check_staleness(staleness) -> int | None:
+    if staleness is None:
+        return None
+    return check_int("staleness", staleness, 0)
+
+
+class ParameterServer:
+    """Serves `variables` (this server's shard) to `num_workers` workers (see module docstring).
+
+    Args:
+        variables: The shard's variables, in the order the workers' plan gives
+            (`tfdist.ps.shard_of`).
+        optimizer: The Keras optimizer that applies the gradients (built here). Its learning
+            rate follows the pushing worker's unless it is a schedule.
+        num_workers: The training tasks.
+        staleness: 0 (synchronous), s >= 1 (bounded), or None (asynchronous).
+        worker_timeout: Seconds of silence after which a worker is declared lost.
+        index: This server's task index (for messages).
+    """
+
+    def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
+                 staleness: int | None = 0, worker_timeout: float = 120.0, index: int = 0):
+        self.variables = list(variables)
+        if not self.variables:
+            raise ValueError(f"Parameter server {index} holds no variables: use fewer "
+                             "parameter servers than the model has trainable variables.")
+        self.optimizer = optimizer
+        self.num_workers = check_int("num_workers", num_workers, 1)
+        self.staleness = check_staleness(staleness)
+        self.worker_timeout = check_number("worker_timeout", worker_timeout, 0, low_open=True)
+        self.index = index
+        optimizer.build(self.variables)
+        self._follow_lr = not isinstance(optimizer.get_config().get("learning_rate"), dict)
+        self._lock = threading.Lock()
+        self.version = 0
+        self.pushes = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        now = time.monotonic()
+        self._seen = [now] * num_workers
+        self._clock = [0] * num_workers
+        self._finished: set[int] = set()
+        self._lost: set[int] = set()
+        self._pending: list[np.ndarray] | None = None
+        self._pending_from: set[int] = set()
+        self._pending_stale: list[int] = []
+        self._pending_lr = 0.0
+        self._histogram = np.zeros(BUCKETS, np.int64)
+        self._released = False
+        self._server = None
+
+    # -- what the workers call (through the RPC functions of `start`) ----------------------------
+    def push(self, worker: int, based_on: int, lr: float, grads: list[np.ndarray]) -> int:
+        with self._lock:
+            self._touch(worker)
+            self._clock[worker] += 1
+            self.pushes += 1
+            self.bytes_received += sum(g.nbytes for g in grads)
+            stale = self.version - based_on
+            if self.staleness == 0:
+                self._pending = (list(grads) if self._pending is None else
+                                 [a + b for a, b in zip(self._pending, grads)])
+                self._pending_from.add(worker)
+                self._pending_stale.append(stale)
+                self._pending_lr = lr
+                self._apply_round()
+            else:
+                self._count(stale)
+                self._apply(grads, lr)
+            return self.version
+
+    def ready(self, worker: int) -> bool:
+        with self._lock:
+            self._touch(worker)
+            self._check_lost()
+            if self.staleness == 0:
+                self._apply_round()
+                return worker not in self._pending_from
+            if self.staleness is None:
+                return True
+            training = self._training()
+            return not training or \
+                self._clock[worker] - min(self._clock[i] for i in training) <= self.staleness
+
+    def pull(self, worker: int) -> list:
+        with self._lock:
+            self._touch(worker)
+            values = [v.numpy() for v in self.variables]
+            self.bytes_sent += sum(v.nbytes for v in values)
+            return [np.int64(self.version), *values]
+
+    def finish(self, worker: int) -> int:
+        with self._lock:
+            self._finished.add(worker)
+            self._lost.discard(worker)
+            self._apply_round()
+            return self.version
+
+    def stats(self) -> np.ndarray:
+        with self._lock:
+            return np.concatenate([self._histogram, np.array(
+                [self.version, self.pushes, len(self._lost), len(self._finished)], np.int64)])
+
+    def release(self) -> int:
+        with self._lock:
+            self._released = True
+            return self.version
+
+    # -- state changes (under the lock) ----------------------------------------------------------
+    def _touch(self, worker: int) -> None:
+        if not 0 <= worker < self.num_workers:
+            raise ValueError(f"worker {worker} is not one of the {self.num_workers} workers")
+        self._seen[worker] = time.monotonic()
+        if worker in self._lost:
+            self._lost.discard(worker)
+            print(f"parameter server {self.index}: worker {worker} is back (clock "
+                  f"{self._clock[worker]})", flush=True)
+
+    def _training(self) -> list[int]:
+        return [i for i in range(self.num_workers)
+                if i not in self._finished and i not in self._lost]
+
+    def _check_lost(self) -> None:
+        now = time.monotonic()
+        for i in self._training():
+            if now - self._seen[i] > self.worker_timeout:
+                self._lost.add(i)
+                print(f"parameter server {self.index}: worker {i} silent for "
+                      f"{self.worker_timeout:g} s at clock {self._clock[i]}: going on without it",
+                      flush=True)
+
+    def _apply_round(self) -> None:
+        """Synchronous rounds: applies the mean of the round's gradients once every worker
+        still training has pushed."""
+        if self._pending is None or not set(self._training()) <= self._pending_from:
+            return
+        n = len(self._pending_from)
+        for stale in self._pending_stale:
+            self._count(stale)
+        grads = [g / np.asarray(n, g.dtype) for g in self._pending]
+        self._pending, self._pending_from, self._pending_stale = None, set(), []
+        self._apply(grads, self._pending_lr)
+
+    def _apply(self, grads: list[np.ndarray], lr: float) -> None:
+        if self._follow_lr:
+            self.optimizer.learning_rate = lr
+        # Eagerly: the RPC handlers run on TensorFlow's inter-op threads, and a tf.function
+        # called from one can wait for a free thread forever while the others wait for the lock.
+        self.optimizer.apply([tf.convert_to_tensor(g) for g in grads], self.variables)
+        self.version += 1
+
+    def _count(self, stale: int) -> None:
+        self._histogram[min(max(stale, 0), BUCKETS - 1)] += 1
+
+    # -- serving -----------------------------------------------------------------------------
+    def start(self, address: str) -> None:
+        """Starts serving at `address` ("host:port") on TensorFlow's gRPC RPC server."""
+        server = tf.distribute.experimental.rpc.Server.create("grpc", address)
+        scalar = tf.TensorSpec([], tf.int64)
+        specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
+        dtypes = [v.dtype for v in self.variables]
+
+        @tf.function(input_signature=[scalar, scalar, tf.TensorSpec([], tf.float32), *specs])
+        def push(worker, based_on, lr, *grads):
+            out = tf.py_function(lambda w, b, r, *g: self.push(int(w), int(b), float(r),
+                                                   [x.numpy() for x in g]),
+                     [worker, based_on, lr, *grads], tf.int64)
+            out.set_shape([])
+            return out
+
+        @tf.function(input_signature=[scalar])
+        def ready(worker):
+            out = tf.py_function(lambda w: self.ready(int(w)), [worker], tf.bool)
+            out.set_shape([])
+            return out
+
+        @tf.function(input_signature=[scalar])
+        def pull(worker):
+            out = tf.py_function(lambda w: self.pull(int(w)), [worker], [tf.int64, *dtypes])
+            out[0].set_shape([])
+            for t, v in zip(out[1:], self.variables):
+                t.set_shape(v.shape)
+            return out
+
+        @tf.function(input_signature=[scalar])
+        def finish(worker):
+            out = tf.py_function(lambda w: self.finish(int(w)), [worker], tf.int64)
+            out.set_shape([])
+            return out
+
+        @tf.function(input_signature=[])
+        def stats():
+            out = tf.py_function(self.stats, [], tf.int64)
+            out.set_shape([STATS_LEN])
+            return out
+
+        @tf.function(input_signature=[])
+        def release():
+            out = tf.py_function(self.release, [], tf.int64)
+            out.set_shape([])
+            return out
+
+        for name, fn in (("push", push), ("ready", ready), ("pull", pull), ("finish", finish),
+                         ("stats", stats), ("release", release)):
+            server.register(name, fn)
+        server.start()
+        self._server = server
+
+    def serve(self, address: str, poll_seconds: float = 0.2) -> dict:
+        """Serves at `address` until every worker has finished or is lost (and the chief has
+        pulled the final weights, or `RELEASE_GRACE_SECONDS` passed); returns `report()`.
+
+        Raises:
+            RuntimeError: every worker was lost before finishing.
+        """
+        self.start(address)
+        size = sum(nbytes(v) for v in self.variables)
+        rule = {0: "synchronous", None: "asynchronous"}.get(
+            self.staleness, f"bounded staleness {self.staleness}")
+        print(f"parameter server {self.index}: serving {len(self.variables)} variables "
+              f"({size / 2**20:.2f} MiB) to {self.num_workers} workers at {address}, {rule}",
+              flush=True)
+        done_since: float | None = None
+        while True:
+            time.sleep(poll_seconds)
+            with self._lock:
+                self._check_lost()
+                self._apply_round()
+                done = not self._training()
+                released = self._released
+            if not done:
+                continue
+            done_since = time.monotonic() if done_since is None else done_since
+            if released or time.monotonic() - done_since > RELEASE_GRACE_SECONDS:
+                break
+        report = self.report()
+        print(f"parameter server {self.index}: done, {report['version']} updates from "
+              f"{report['pushes']} pushes; staleness mean {report['staleness_mean']:.2f}, max "
+              f"{report['staleness_max']}; workers lost {report['workers_lost']}", flush=True)
+        if not self._finished:
+            raise RuntimeError(f"Parameter server {self.index}: every worker was lost before "
+                               "finishing; the job can resume from its last backup.")
+        return report
+
+    def report(self) -> dict:
+        return staleness_report(self.stats()) | {
+            "bytes_received": self.bytes_received, "bytes_sent": self.bytes_sent}
+
+
+def staleness_report(stats) -> dict:
+    """The counters `ParameterServer.stats()` returns, as a dict: updates applied, pushes, lost
+    and finished workers, and the staleness of the applied gradients (histogram, mean, max)."""
+    stats = np.asarray(stats, np.int64)
+    histogram = stats[:BUCKETS]
+    count = int(histogram.sum())
+    values = np.arange(BUCKETS)
+    seen = np.nonzero(histogram)[0]
+    return {
+        "version": int(stats[BUCKETS]),
+        "pushes": int(stats[BUCKETS + 1]),
+        "workers_lost": int(stats[BUCKETS + 2]),
+        "workers_finished": int(stats[BUCKETS + 3]),
+        "staleness_histogram": {int(k): int(histogram[k]) for k in seen},
+        "staleness_mean": float((histogram * values).sum() / count) if count else 0.0,
+        "staleness_max": int(seen[-1]) if len(seen) else 0,
+    }
+
+
+def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 0,
+          cluster: Cluster | None = None, worker_timeout: float = 120.0) -> dict:
+    """Runs this task as its parameter server until the job ends; returns its report.
+
+    Args:
+        model: The model the workers train (built the same way, same seed), or its list of
+            trainable variables: this server keeps its shard of them.
+        optimizer: The optimizer that updates the weights (e.g. `keras.optimizers.Adam(1e-3)`).
+        staleness: 0 (synchronous), s >= 1 (bounded staleness), None (asynchronous).
+        cluster: The `tfdist.ps.Cluster`; default: from TF_CONFIG.
+        worker_timeout: Seconds of silence after which a worker is declared lost.
+    """
+    cluster = Cluster.from_tf_config() if cluster is None else cluster
+    if not cluster.is_ps:
+        raise ValueError(f"This task is worker {cluster.task_index}; only a 'ps' task serves. "
+                         "Workers compile with tfdist.ps.ParameterServerOptimizer.")
+    variables = list(getattr(model, "trainable_variables", model))
+    shard = shard_of(variables, cluster.task_index, len(cluster.ps))
+    if not shard:
+        raise ValueError(f"{len(cluster.ps)} parameter servers for {len(variables)} trainable "
+                         "variables leave some servers without any; use fewer ps tasks.")
+    server = ParameterServer(shard, optimizer, cluster.num_workers, staleness=staleness,
+                             worker_timeout=worker_timeout, index=cluster.task_index)
+    port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
+    return server.serve(f"0.0.0.0:{port}")

@@ -4,6 +4,7 @@ it into a file does), in a scratch directory (files it saves land there).
 A block's first line may say how it runs:
     # horovodrun -np 2 ...       -> under `horovodrun --gloo -np 2 -H localhost:2`
     # python -m tfdist.launch --workers 2 ...  -> as 2 TF_CONFIG workers through the launcher
+    # python -m tfdist.launch --ps 1 ...        -> as 1 parameter server and 2 workers
     # needs root                 -> runs as root with iproute2 (skipped elsewhere)
 Otherwise it runs as `python block.py`.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, horovod_available, worker_env
-from tfdist.tools.launch import run_horovod, run_tf_workers
+from tfdist.tools.launch import host_commands, run_horovod, run_processes, run_tf_workers
 
 README = Path(ROOT) / "README.md"
 TIMEOUT = 300
@@ -52,6 +53,14 @@ def test_readme_example_runs_as_written(tmp_path, line, code):
             pytest.skip("Horovod is not installed")
         result = run_horovod([sys.executable, str(script)], 2, TIMEOUT, env=env)
         assert result.returncode == 0, f"README line {line}:\n{result.output[-4000:]}"
+        return
+    if first.startswith("# python -m tfdist.launch --ps"):
+        ps = int(first.split("--ps")[1].split()[0])
+        commands = host_commands([sys.executable, str(script)], [("127.0.0.1", ps + 2)],
+                                 env=env, ps=ps)
+        results = run_processes(commands, TIMEOUT)
+        assert [r.returncode for r in results] == [0] * (ps + 2), \
+            f"README line {line}:\n" + "\n".join(r.output[-3000:] for r in results)
         return
     if first.startswith("# python -m tfdist.launch"):
         results = run_tf_workers([sys.executable, str(script)], 2, TIMEOUT, env=env)

@@ -118,3 +118,40 @@ def test_tf_config_workers_all_reduce_across_emulated_hosts():
                                       env=worker_env())
     assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
     assert all("SUM 2.0" in r.output for r in results)
+
+
+SPIN = "import time; t = time.process_time(); w = time.time()\n" \
+       "while time.process_time() - t < 0.3: pass\nprint(time.time() - w)"
+
+
+@needs_netns
+def test_a_straggler_computes_under_its_cpu_quota_and_its_cgroup_is_removed():
+    """Host 1 at 0.1 cores needs about 10x the wall time for 0.3 s of CPU work."""
+    with EmulatedCluster(2, "1gbit", slow_host=1, cpu_share=0.1) as cluster:
+        cgroup = cluster.cgroup
+        results = cluster.run_workers([sys.executable, "-c", SPIN], timeout=60)
+        assert os.path.isdir(cgroup)
+    assert [r.returncode for r in results] == [0, 0]
+    fast, slow = (float(r.output.split()[-1]) for r in results)
+    assert slow > 4 * fast and slow > 1.5, (fast, slow)
+    assert not os.path.exists(cgroup)
+
+
+def test_a_straggler_that_cannot_be_emulated_is_refused_first():
+    with pytest.raises(ValueError, match="slow_host=2: must be a host index in"):
+        EmulatedCluster(2, "1gbit", slow_host=2, cpu_share=0.5)
+    with pytest.raises(ValueError, match="cpu_share=0: must be a number of cores"):
+        EmulatedCluster(2, "1gbit", slow_host=1, cpu_share=0)
+
+
+@needs_netns
+def test_parameter_servers_run_on_host_0_after_the_workers():
+    code = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task'])"
+    with EmulatedCluster(2, "1gbit") as cluster:
+        results = cluster.run_workers([sys.executable, "-c", code], timeout=60, ps=1)
+        config = emulated_config = __import__("json").loads(cluster.tf_config(0, ps=1))
+    assert [r.output.strip() for r in results] == [
+        "{'type': 'worker', 'index': 0}", "{'type': 'worker', 'index': 1}",
+        "{'type': 'ps', 'index': 0}"]
+    assert emulated_config["cluster"]["ps"] == [f"{cluster.addresses[0]}:{emulated.WORKER_PORT + 1}"]
+    assert config["cluster"]["worker"] == [f"{a}:{emulated.WORKER_PORT}" for a in cluster.addresses]

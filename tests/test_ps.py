@@ -72,10 +72,21 @@ def test_the_launcher_writes_ps_and_worker_tasks():
 
 
 # -- the consistency rules, on a server called directly -------------------------------------------
+class _Served:
+    """The server's one weight, read as a worker would pull it."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def numpy(self):
+        return self.server.values()[0]
+
+
 def _server(staleness, workers=2, timeout=60.0):
     variable = keras.Variable(np.zeros(3, np.float32))
-    return ParameterServer([variable], keras.optimizers.SGD(1.0), workers, staleness=staleness,
-                           worker_timeout=timeout), variable
+    server = ParameterServer([variable], keras.optimizers.SGD(1.0), workers, staleness=staleness,
+                             worker_timeout=timeout)
+    return server, _Served(server)
 
 
 def _grad(value):
@@ -105,6 +116,17 @@ def test_asynchronous_updates_apply_at_once_and_count_their_staleness():
     assert report["staleness_max"] == 2 and report["staleness_mean"] == pytest.approx(2 / 3)
 
 
+def test_stale_gradients_can_get_a_smaller_learning_rate():
+    variable = keras.Variable(np.zeros(3, np.float32))
+    server = ParameterServer([variable], keras.optimizers.SGD(1.0), 2, staleness=None,
+                             scale_lr_by_staleness=True)
+    server.push(0, 0, 1.0, _grad(1.0))
+    server.push(0, 1, 1.0, _grad(1.0))
+    server.push(0, 2, 1.0, _grad(1.0))
+    server.push(1, 0, 1.0, _grad(3.0))  # staleness 3: lr 1/3
+    np.testing.assert_allclose(server.values()[0], -3.0 - 1.0)
+
+
 def test_bounded_staleness_holds_a_worker_that_runs_ahead():
     server, _ = _server(1)
     server.push(0, 0, 1.0, _grad(1.0))
@@ -131,6 +153,26 @@ def test_a_silent_worker_is_lost_and_the_round_goes_on_without_it(capsys):
     server.push(1, 0, 1.0, _grad(1.0))  # it speaks again: taken back
     assert server.report()["workers_lost"] == 0
     assert "worker 1 is back" in capsys.readouterr().out
+
+
+def test_the_flat_update_equals_the_per_variable_one_and_is_written_back():
+    shapes = [(3, 4), (4,), (2, 2, 2)]
+    init = [np.random.default_rng(i).normal(size=s).astype("float32") for i, s in enumerate(shapes)]
+    grads = [[np.random.default_rng(10 * k + i).normal(size=s).astype("float32")
+              for i, s in enumerate(shapes)] for k in range(3)]
+    results = []
+    for flat in (True, False):
+        variables = [keras.Variable(v) for v in init]
+        server = ParameterServer(variables, keras.optimizers.Adam(0.1), 1, flat=flat)
+        for k, g in enumerate(grads):
+            server.push(0, k, 0.1, g)
+        assert server.flat == flat
+        results.append(server.values())
+        server.write_back()
+        for v, value in zip(variables, server.values()):
+            np.testing.assert_array_equal(v.numpy(), value)
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_bad_server_arguments_are_refused():

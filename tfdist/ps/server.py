@@ -19,6 +19,16 @@ from inside their traced train steps (see `ParameterServerOptimizer`). It offers
   worker waits while it is more than s pushes ahead of the slowest worker still training.
 * None, asynchronous (Downpour-style): every gradient is applied as it arrives; nobody waits.
 
+With `scale_lr_by_staleness`, a gradient of staleness t >= 1 is applied with the learning rate
+divided by t (staleness-aware asynchronous SGD, Zhang et al., IJCAI 2016): a straggler's old
+gradients move the weights less.
+
+By default a server keeps its shard as one flat vector and the optimizer updates that vector in
+one call (`flat=True`): the same update as per variable for element-wise optimizers (SGD,
+Adam, AdamW, RMSprop, Adagrad, ...), and 6-7x cheaper (Adam on the main job's 10 variables:
+2.8 ms instead of 18.8 ms per update, eagerly). Optimizers with per-variable rules (`clipnorm`,
+Adafactor's factored moments, weight-decay exclusions by name) need `flat=False`.
+
 The staleness of each applied gradient (versions applied between the worker's pull and its
 push) is counted in a histogram. A worker silent for `worker_timeout` seconds is declared lost
 and the others go on without it (it is taken back if it speaks again); the server ends when
@@ -34,7 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.arguments import check_int, check_number
+from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.ps.cluster import Cluster, nbytes, shard_of
 
 BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
@@ -60,10 +70,14 @@ class ParameterServer:
         staleness: 0 (synchronous), s >= 1 (bounded), or None (asynchronous).
         worker_timeout: Seconds of silence after which a worker is declared lost.
         index: This server's task index (for messages).
+        flat: Update the shard as one flat vector (see the module docstring). The variables
+            get the served values when serving ends (`write_back`).
+        scale_lr_by_staleness: Divide the learning rate by a gradient's staleness (>= 1).
     """
 
     def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
-                 staleness: int | None = 0, worker_timeout: float = 120.0, index: int = 0):
+                 staleness: int | None = 0, worker_timeout: float = 120.0, index: int = 0,
+                 flat: bool = True, scale_lr_by_staleness: bool = False):
         self.variables = list(variables)
         if not self.variables:
             raise ValueError(f"Parameter server {index} holds no variables: use fewer "
@@ -73,7 +87,14 @@ class ParameterServer:
         self.staleness = check_staleness(staleness)
         self.worker_timeout = check_number("worker_timeout", worker_timeout, 0, low_open=True)
         self.index = index
-        optimizer.build(self.variables)
+        self.scale_lr_by_staleness = check_bool("scale_lr_by_staleness", scale_lr_by_staleness)
+        self.flat = bool(flat) and len({tf.as_dtype(v.dtype) for v in self.variables}) == 1
+        self._shapes = [tuple(v.shape) for v in self.variables]
+        self._offsets = np.cumsum([0] + [int(np.prod(s)) for s in self._shapes])
+        self._targets = ([keras.Variable(np.concatenate(
+            [np.ravel(v.numpy()) for v in self.variables]), name=f"ps{index}_flat")]
+            if self.flat else self.variables)  # what the optimizer updates
+        optimizer.build(self._targets)
         self._follow_lr = not isinstance(optimizer.get_config().get("learning_rate"), dict)
         self._lock = threading.Lock()
         self.version = 0
@@ -85,7 +106,7 @@ class ParameterServer:
         self._clock = [0] * num_workers
         self._finished: set[int] = set()
         self._lost: set[int] = set()
-        self._pending: list[np.ndarray] | None = None
+        self._pending: list[np.ndarray] | None = None  # in the targets' layout
         self._pending_from: set[int] = set()
         self._pending_stale: list[int] = []
         self._pending_lr = 0.0
@@ -101,6 +122,7 @@ class ParameterServer:
             self.pushes += 1
             self.bytes_received += sum(g.nbytes for g in grads)
             stale = self.version - based_on
+            grads = self._to_targets(grads)
             if self.staleness == 0:
                 self._pending = (list(grads) if self._pending is None else
                                  [a + b for a, b in zip(self._pending, grads)])
@@ -110,6 +132,8 @@ class ParameterServer:
                 self._apply_round()
             else:
                 self._count(stale)
+                if self.scale_lr_by_staleness and stale > 1:
+                    lr /= stale
                 self._apply(grads, lr)
             return self.version
 
@@ -129,7 +153,7 @@ class ParameterServer:
     def pull(self, worker: int) -> list:
         with self._lock:
             self._touch(worker)
-            values = [v.numpy() for v in self.variables]
+            values = self.values()
             self.bytes_sent += sum(v.nbytes for v in values)
             return [np.int64(self.version), *values]
 
@@ -190,8 +214,26 @@ class ParameterServer:
             self.optimizer.learning_rate = lr
         # Eagerly: the RPC handlers run on TensorFlow's inter-op threads, and a tf.function
         # called from one can wait for a free thread forever while the others wait for the lock.
-        self.optimizer.apply([tf.convert_to_tensor(g) for g in grads], self.variables)
+        self.optimizer.apply([tf.convert_to_tensor(g) for g in grads], self._targets)
         self.version += 1
+
+    def _to_targets(self, grads: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate([np.ravel(g) for g in grads])] if self.flat else list(grads)
+
+    def values(self) -> list[np.ndarray]:
+        """The served weights, one array per variable (copies)."""
+        if not self.flat:
+            return [v.numpy() for v in self.variables]
+        flat = self._targets[0].numpy()
+        return [flat[a:b].reshape(shape) for a, b, shape in
+                zip(self._offsets[:-1], self._offsets[1:], self._shapes)]
+
+    def write_back(self) -> None:
+        """Assigns the served weights to the variables (what `serve` does at the end)."""
+        if self.flat:
+            with self._lock:
+                for variable, value in zip(self.variables, self.values()):
+                    variable.assign(value)
 
     def _count(self, stale: int) -> None:
         self._histogram[min(max(stale, 0), BUCKETS - 1)] += 1
@@ -277,6 +319,7 @@ class ParameterServer:
             done_since = time.monotonic() if done_since is None else done_since
             if released or time.monotonic() - done_since > RELEASE_GRACE_SECONDS:
                 break
+        self.write_back()
         report = self.report()
         print(f"parameter server {self.index}: done, {report['version']} updates from "
               f"{report['pushes']} pushes; staleness mean {report['staleness_mean']:.2f}, max "
@@ -311,7 +354,8 @@ def staleness_report(stats) -> dict:
 
 
 def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 0,
-          cluster: Cluster | None = None, worker_timeout: float = 120.0) -> dict:
+          cluster: Cluster | None = None, worker_timeout: float = 120.0,
+          scale_lr_by_staleness: bool = False) -> dict:
     """Runs this task as its parameter server until the job ends; returns its report.
 
     Args:
@@ -321,6 +365,7 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         staleness: 0 (synchronous), s >= 1 (bounded staleness), None (asynchronous).
         cluster: The `tfdist.ps.Cluster`; default: from TF_CONFIG.
         worker_timeout: Seconds of silence after which a worker is declared lost.
+        scale_lr_by_staleness: Divide the learning rate by each gradient's staleness (>= 1).
     """
     cluster = Cluster.from_tf_config() if cluster is None else cluster
     if not cluster.is_ps:
@@ -332,6 +377,7 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         raise ValueError(f"{len(cluster.ps)} parameter servers for {len(variables)} trainable "
                          "variables leave some servers without any; use fewer ps tasks.")
     server = ParameterServer(shard, optimizer, cluster.num_workers, staleness=staleness,
-                             worker_timeout=worker_timeout, index=cluster.task_index)
+                             worker_timeout=worker_timeout, index=cluster.task_index,
+                             scale_lr_by_staleness=scale_lr_by_staleness)
     port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
     return server.serve(f"0.0.0.0:{port}")

@@ -39,6 +39,9 @@ SUITES = {
                 "stage, activation memory with and without re-materialization",
     "comm": "algorithm x link speed on the emulated multi-host cluster (root, iproute2): time "
             "to the target accuracy, bytes counted and on the wire, collective calls, step time",
+    "stragglers": "one emulated host slowed by a CPU quota (root, cgroup v1): synchronous "
+                  "all-reduce, local SGD and parameter servers (staleness 0, bounded, "
+                  "asynchronous): time to the target accuracy, staleness, step time",
     "models": "ResNet-50 and a BERT-like encoder (random weights, synthetic data) per algorithm "
               "on the emulated cluster: step time, images or tokens per second, scaling "
               "efficiency against the zero-communication limit",
@@ -86,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, metavar="N", help="engines: timed steps per repeat")
     bench.add_argument("--repeats", type=int, metavar="R", help="engines: repeats per engine")
     bench.add_argument("--hosts", type=_list, metavar="N,...",
-                       help="comm, models: numbers of emulated hosts (default: the spec's)")
+                       help="comm, models, stragglers: numbers of emulated hosts (default: the "
+                            "spec's)")
     bench.add_argument("--bandwidths", type=_list, metavar="RATE,...",
-                       help="comm, models: link bandwidths with a unit, e.g. 100mbit,1gbit")
+                       help="comm, models, stragglers: link bandwidths with a unit, e.g. "
+                            "100mbit,1gbit")
     bench.add_argument("--algorithms", type=_list, metavar="NAME,...",
-                       help="comm, models: algorithms of configs/bench/comm.yaml or "
-                            "models.yaml (the baseline always runs)")
+                       help="comm, models, stragglers: algorithms of configs/bench/comm.yaml, "
+                            "models.yaml or stragglers.yaml (the baseline always runs)")
     bench.add_argument("--models", type=_list, metavar="NAME,...",
                        help="models: the models of configs/bench/models.yaml to run")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -237,6 +242,10 @@ def cmd_bench(args) -> int:
 
             run_comm(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
                      job=args.set)
+        elif args.suite == "stragglers":
+            from tfdist.tools.bench.stragglers import run_stragglers
+
+            run_stragglers(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms)
         elif args.suite == "models":
             from tfdist.tools.bench.models import run_models
 

@@ -120,6 +120,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           lambda v: v >= 0, 0, nullable=True, most=10**6),
         "worker_timeout": _float("a number > 0 (seconds of silence before a worker is lost)",
                                  lambda v: v > 0, 120, most=10**7),
+        # parameter_server: a gradient of staleness t >= 1 gets the learning rate / t.
+        "scale_lr_by_staleness": Field(False, (bool,), "true or false"),
     },
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),

@@ -13,6 +13,10 @@ the machine's own network namespace and only addresses inside these namespaces a
 host's link is shaped in both directions by a token-bucket filter (`tbf`) at `bandwidth`; a
 `delay` needs the kernel's `netem` qdisc (checked before anything is created).
 
+A straggler: `slow_host=i, cpu_share=c` runs everything started on host i in a cgroup (v1 `cpu`
+controller) whose CFS quota is `c` cores (`c` x a 10 ms period), so host i computes slower while
+the others share the rest of the machine.
+
 Clean-up happens on exit from the `with` block and, if this process dies without reaching it
 (even by SIGKILL), in a watchdog process that holds a pipe to this one and removes the
 namespaces, with every process inside them, when the pipe closes. `down` also removes the
@@ -37,6 +41,8 @@ from typing import Any
 PREFIX = "tfd-"
 SUBNET = "10.213.0"
 WORKER_PORT = 23456
+CGROUP_CPU = "/sys/fs/cgroup/cpu"  # cgroup v1 cpu controller: a straggler's CPU quota
+CFS_PERIOD_US = 10_000  # a short period: the quota is spread finely over a step
 HOST_MEMORY_BYTES = 1536 * 2**20  # what one TensorFlow worker needs, for the host-count check
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -114,17 +120,24 @@ class EmulatedCluster:
         hosts: Number of emulated hosts (one worker each).
         bandwidth: Each host's link rate in each direction, e.g. "100mbit", "1gbit".
         delay: One-way added latency per link, e.g. "5ms" (needs netem), or None.
+        slow_host: A host whose processes run under a CPU quota (a straggler), or None.
+        cpu_share: The straggler's quota in cores, in (0, this machine's cores].
     """
 
-    def __init__(self, hosts: int, bandwidth: str = "1gbit", delay: str | None = None):
+    def __init__(self, hosts: int, bandwidth: str = "1gbit", delay: str | None = None,
+                 slow_host: int | None = None, cpu_share: float | None = None):
         self.rate = parse_bandwidth(bandwidth)
         self.delay = parse_delay(delay) if delay else 0.0
         check_can_emulate(hosts, self.delay)
+        if slow_host is not None:
+            check_straggler(hosts, slow_host, cpu_share)
+        self.slow_host, self.cpu_share = slow_host, cpu_share
         self.hosts, self.bandwidth = hosts, bandwidth
         tag = f"{PREFIX}{os.getpid()}-{int(time.time() * 1000) % 100000}"
         self.namespaces = [f"{tag}-h{i}" for i in range(hosts)]
         self.bridge_namespace = f"{tag}-br"
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
+        self.cgroup = f"{CGROUP_CPU}/{tag}-slow" if slow_host is not None else None
         self._watchdog: subprocess.Popen | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -161,6 +174,13 @@ class EmulatedCluster:
             _ip("-n", ns, "link", "set", "eth0", "up")
             self._shape(ns, "eth0")  # host -> bridge: the host's upload
             self._shape(br, f"port{i}")  # bridge -> host: its download
+        if self.cgroup is not None:
+            assert self.cpu_share is not None
+            os.makedirs(self.cgroup, exist_ok=True)
+            with open(f"{self.cgroup}/cpu.cfs_period_us", "w") as f:
+                f.write(str(CFS_PERIOD_US))
+            with open(f"{self.cgroup}/cpu.cfs_quota_us", "w") as f:
+                f.write(str(max(1000, int(self.cpu_share * CFS_PERIOD_US))))
 
     def _shape(self, ns: str, dev: str) -> None:
         # Burst: 1 ms at the rate (at least 32 kB, so one 64 kB segment offload fits twice);
@@ -181,6 +201,8 @@ class EmulatedCluster:
     def down(self) -> None:
         """Removes the namespaces (and everything running in them); idempotent."""
         teardown([*self.namespaces, self.bridge_namespace])
+        if self.cgroup is not None:
+            remove_cgroup(self.cgroup)
         if self._watchdog is not None:
             with contextlib.suppress(OSError):
                 assert self._watchdog.stdin is not None
@@ -199,25 +221,39 @@ class EmulatedCluster:
 
     # -- running workers -----------------------------------------------------------------------
     def command(self, host: int, argv: Sequence[str]) -> list[str]:
-        """`argv` run on emulated host `host`."""
-        return ["ip", "netns", "exec", self.namespaces[host], *argv]
+        """`argv` run on emulated host `host` (in the straggler's cgroup on the slow host)."""
+        command = ["ip", "netns", "exec", self.namespaces[host], *argv]
+        if host == self.slow_host:  # joins the cgroup before `ip netns exec` hides /sys's
+            command = ["sh", "-c", f'echo $$ > {self.cgroup}/cgroup.procs && exec "$@"', "sh",
+                       *command]
+        return command
 
-    def tf_config(self, index: int) -> str:
+    def tf_config(self, index: int, ps: int = 0) -> str:
+        """TF_CONFIG for worker `index` (one per host); with `ps`, parameter server k runs on
+        host 0 at port WORKER_PORT + 1 + k, and index -1 - k names it."""
         from tfdist.tools.launch import cluster_config
 
-        return cluster_config(index, [f"{a}:{WORKER_PORT}" for a in self.addresses])
+        servers = [f"{self.addresses[0]}:{WORKER_PORT + 1 + k}" for k in range(ps)]
+        workers = [f"{a}:{WORKER_PORT}" for a in self.addresses]
+        task = index + ps if index >= 0 else -1 - index
+        return cluster_config(task, servers + workers, ps)
 
     def run_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]], timeout: float,
                     env: dict | None = None, echo: bool = False,
-                    on_line: Callable[[int, str], None] | None = None) -> list[Any]:
-        """`argv` (or `argv(host)`) as one TF_CONFIG worker per host; stops all if one fails
+                    on_line: Callable[[int, str], None] | None = None,
+                    ps: int = 0) -> list[Any]:
+        """`argv` (or `argv(host)`) as one TF_CONFIG worker per host, and `ps` parameter servers
+        on host 0 (after the workers in the results); stops all if one fails
         (tfdist.tools.launch.run_processes)."""
         from tfdist.tools.launch import run_processes
 
         base = dict(os.environ if env is None else env)
         commands = [(self.command(i, argv(i) if callable(argv) else argv),
-                     {**base, "TF_CONFIG": self.tf_config(i)}) for i in range(self.hosts)]
-        return run_processes(commands, timeout, echo=echo, on_line=on_line)
+                     {**base, "TF_CONFIG": self.tf_config(i, ps)}) for i in range(self.hosts)]
+        commands += [(self.command(0, argv(0) if callable(argv) else argv),
+                      {**base, "TF_CONFIG": self.tf_config(-1 - k, ps)}) for k in range(ps)]
+        labels = [f"worker {i}" for i in range(self.hosts)] + [f"ps {k}" for k in range(ps)]
+        return run_processes(commands, timeout, echo=echo, on_line=on_line, labels=labels)
 
     def run_horovod_workers(self, argv: Sequence[str] | Callable[[int], Sequence[str]],
                             timeout: float, env: dict | None = None, echo: bool = False,
@@ -279,6 +315,36 @@ time.sleep(10**9)
 """
 
 
+def check_straggler(hosts: int, slow_host: int, cpu_share: float | None) -> None:
+    """Raises, before anything is created, if the straggler cannot be emulated."""
+    if not isinstance(slow_host, int) or not 0 <= slow_host < hosts:
+        raise ValueError(f"slow_host={slow_host!r}: must be a host index in [0, {hosts})")
+    cores = os.cpu_count() or 1
+    if not isinstance(cpu_share, (int, float)) or not 0 < cpu_share <= cores:
+        raise ValueError(f"cpu_share={cpu_share!r}: must be a number of cores in (0, {cores}]")
+    if not os.path.exists(f"{CGROUP_CPU}/cpu.cfs_quota_us"):
+        raise RuntimeError(f"A straggler needs the cgroup v1 cpu controller ({CGROUP_CPU}), "
+                           "which this machine lacks.")
+
+
+def remove_cgroup(path: str) -> None:
+    """Kills what is left in a straggler's cgroup and removes it."""
+    for _ in range(50):
+        try:
+            with open(f"{path}/cgroup.procs") as f:
+                pids = f.read().split()
+        except FileNotFoundError:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def _tc(ns: str, *args: str) -> None:
     out = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True,
                          text=True)
@@ -321,9 +387,14 @@ def _owner_alive(ns: str) -> bool:
 
 
 def sweep(everything: bool = False) -> list[str]:
-    """Removes the namespaces of clusters whose owner process is gone (all with `everything`)."""
+    """Removes the namespaces (and stragglers' cgroups) of clusters whose owner process is gone
+    (all with `everything`)."""
     stale = [ns for ns in namespaces() if everything or not _owner_alive(ns)]
     teardown(stale)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(CGROUP_CPU):
+            if name.startswith(PREFIX) and (everything or not _owner_alive(name)):
+                remove_cgroup(f"{CGROUP_CPU}/{name}")
     return stale
 
 

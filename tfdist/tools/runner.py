@@ -544,7 +544,8 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
     report = serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
                    staleness=config["engine"]["staleness"], cluster=cluster,
-                   worker_timeout=config["engine"]["worker_timeout"])
+                   worker_timeout=config["engine"]["worker_timeout"],
+                   scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"])
     keras.config.set_dtype_policy("float32")
     return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
             **report}

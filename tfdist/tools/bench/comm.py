@@ -251,12 +251,16 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     before = cluster.tx_bytes()
-    launch = (cluster.run_horovod_workers if config["engine"]["name"] == "horovod"
-              else cluster.run_workers)
-    results = launch(host_argv, timeout, env=env, on_line=on_line)
+    engine = config["engine"]["name"]
+    if engine == "horovod":
+        results = cluster.run_horovod_workers(host_argv, timeout, env=env, on_line=on_line)
+    else:  # a parameter server runs on host 0, next to worker 0
+        results = cluster.run_workers(host_argv, timeout, env=env, on_line=on_line,
+                                      ps=int(engine == "parameter_server"))
     sent = [b - a for a, b in zip(before, cluster.tx_bytes())]
     for r in results:
-        (run_dir / f"worker{r.rank}.log").write_text(r.output)
+        name = f"worker{r.rank}" if r.rank < cluster.hosts else f"ps{r.rank - cluster.hosts}"
+        (run_dir / f"{name}.log").write_text(r.output)
     if any(r.returncode != 0 for r in results):
         codes = [r.returncode for r in results]
         tail = results[0].output[-1500:] if results[0].returncode else next(

@@ -1,0 +1,82 @@
+"""`tfdist bench --suite stragglers`: the spec, the straggler's quota, the table and the check.
+
+The runs themselves are the comm suite's on an emulated cluster whose straggler is tested in
+tests/test_emulated.py; here what is built before a run and judged after it."""
+
+import json
+import re
+
+import pytest
+
+from tfdist.tools.bench import stragglers
+from tfdist.tools.config import ConfigError
+
+
+def test_the_shipped_spec_builds_every_run_and_the_parameter_server_ones():
+    plan, straggler = stragglers.load()
+    assert straggler == {"host": 1, "slowdown": 3.0}
+    keys = [a.key for a in plan.algorithms]
+    assert keys == ["sync", "local_sgd", "ps_sync", "ssp1", "ssp4", "async", "async_scaled"]
+    engines = {k: plan.configs[(4, k)]["engine"] for k in keys}
+    assert engines["sync"]["name"] == "multi_worker"
+    assert [engines[k]["staleness"] for k in ("ps_sync", "ssp1", "ssp4", "async")] == \
+        [0, 1, 4, None]
+    assert all(engines[k]["name"] == "parameter_server" for k in ("ssp1", "async"))
+    quick, _ = stragglers.load(quick=True)
+    assert [a.key for a in quick.algorithms] == ["sync", "ssp4", "async", "async_scaled"]
+    assert plan.configs[(4, "async_scaled")]["engine"]["scale_lr_by_staleness"] is True
+
+
+def test_the_straggler_gets_a_third_of_an_equal_share(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert stragglers.cpu_share(4, 3.0) == pytest.approx(2 / 4 / 3)
+    assert "a CPU quota of 0.167 cores" in stragglers.describe({"host": 1, "slowdown": 3.0}, 4)
+
+
+@pytest.mark.parametrize("straggler, message", [
+    ("null", "straggler: give {host: INDEX, slowdown: FACTOR}"),
+    ("{host: 1, slowdown: 0.5}", "straggler.slowdown: got 0.5"),
+    ("{host: 0, slowdown: 3}", "straggler.host: got 0; must be a worker host in [1, 2)"),
+    ("{host: 1}", "straggler: give"),
+])
+def test_a_bad_straggler_is_refused_before_anything_runs(tmp_path, straggler, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(f"hosts: [2]\nstraggler: {straggler}\nalgorithms:\n"
+                    "  sync: {config: default.yaml}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        stragglers.load(path)
+
+
+def _row(algorithm, t, accuracy, ps=True, staleness=None):
+    """A result row; `ps`: a parameter-server run (with its staleness bound)."""
+    return {"hosts": 4, "bandwidth": "1gbit", "algorithm": algorithm, "label": algorithm,
+            "time_to_target_s": t, "final_accuracy": accuracy, "step_ms": 10.0,
+            "bytes_per_step": 100.0, "staleness": staleness,
+            "staleness_mean": 1.5 if ps else None, "staleness_max": 3 if ps else None,
+            "curve": [(1.0, 0.5, 10), (t or 9.0, accuracy, 20)]}
+
+
+def test_the_check_needs_1_5x_sooner_within_a_point():
+    plan, _ = stragglers.load()
+    rows = [_row("sync", 30.0, 0.96, ps=False), _row("ssp4", 25.0, 0.96, staleness=4),
+            _row("async", 18.0, 0.955), _row("ps_sync", 10.0, 0.96, staleness=0)]
+    text = stragglers.check(plan, rows)  # staleness 0 is synchronous: not a candidate
+    assert "async reached the target 1.67x sooner than sync, final accuracy -0.5 pt: passes" \
+        in text
+    rows[2]["final_accuracy"] = 0.94
+    assert "ssp4 reached the target 1.20x sooner" in stragglers.check(plan, rows[:2])
+    assert "FAILS" in stragglers.check(plan, rows)
+    table = stragglers.table(plan, rows)
+    assert "| 4 | 1gbit | async | 18.0 | 1.67x | 0.9400 | -2.0 | 1.50 / 3 | 10 | 100 |" in table
+    assert "| 4 | 1gbit | sync | 30.0 | 1.00x | 0.9600 | +0.0 | - |" in table
+
+
+def test_outputs_are_written(tmp_path):
+    plan, straggler = stragglers.load()
+    rows = [_row("sync", 30.0, 0.96, ps=False), _row("async", 15.0, 0.96)]
+    stragglers.write(plan, straggler, rows, [], tmp_path, "tfdist bench --suite stragglers")
+    saved = json.loads((tmp_path / "stragglers.json").read_text())
+    assert [(r["algorithm"], r["time_to_target_s"]) for r in saved["rows"]] == \
+        [("sync", 30.0), ("async", 15.0)]
+    assert "passes" in (tmp_path / "stragglers.md").read_text()
+    assert (tmp_path / "stragglers_accuracy.png").stat().st_size > 10_000

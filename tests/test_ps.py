@@ -175,6 +175,18 @@ def test_the_flat_update_equals_the_per_variable_one_and_is_written_back():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_training_starts_when_every_worker_has_joined_or_is_lost():
+    server, _ = _server(None, workers=3, timeout=0.3)
+    server.pull(0)
+    assert not server.started(0)
+    server.pull(2)
+    assert not server.started(2)  # worker 1 is starting up
+    time.sleep(0.4)
+    server.pull(0)
+    server.pull(2)
+    assert server.started(0)  # worker 1 never came: lost
+
+
 def test_bad_server_arguments_are_refused():
     variable = keras.Variable(np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="staleness"):

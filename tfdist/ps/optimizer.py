@@ -127,6 +127,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
             self._clients = [connect(address, f"tfdist_ps{p}", self.connect_timeout)
                              for p, address in enumerate(self.cluster.ps)]
             self._pull(var_list)  # start from the servers' weights
+            self._wait_for_all_workers()
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
@@ -165,6 +166,19 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         with tf.control_dependencies([check]):
             return tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
                                          status.get_value(), specs)
+
+    def _wait_for_all_workers(self) -> None:
+        """Returns once every worker has joined (or is lost): training starts together."""
+        deadline = time.monotonic() + self.connect_timeout
+        worker = tf.constant(self.worker, tf.int64)
+        while not all(bool(self._call(p, "started", [worker], tf.TensorSpec([], tf.bool)))
+                      for p in range(len(self._clients))):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Worker {self.worker}: the other workers did not join within "
+                    f"{self.connect_timeout:g} s (the servers declare a worker lost after their "
+                    "worker_timeout); start them, or raise `connect_timeout`.")
+            time.sleep(0.05)
 
     def _ready(self, pause: bool):
         waits = []

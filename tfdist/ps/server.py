@@ -6,6 +6,8 @@ from inside their traced train steps (see `ParameterServerOptimizer`). It offers
 
 * `push(worker, based_on, lr, *grads)`: a worker's gradients for this shard, computed on the
   weights of version `based_on`, and its current learning rate;
+* `started(worker)`: whether every worker has joined (pulled once) or is lost: training starts
+  together, as it does with collectives, so a late worker's start-up is nobody's training time;
 * `ready(worker)`: whether the worker may pull and go on (the consistency rule below);
 * `pull(worker)`: the version and the shard's weights;
 * `finish(worker)`, `stats()`, `release()`: the end of a worker, the counters, the end of the job.
@@ -105,6 +107,7 @@ class ParameterServer:
         self._seen = [now] * num_workers
         self._clock = [0] * num_workers
         self._finished: set[int] = set()
+        self._joined: set[int] = set()
         self._lost: set[int] = set()
         self._pending: list[np.ndarray] | None = None  # in the targets' layout
         self._pending_from: set[int] = set()
@@ -153,9 +156,16 @@ class ParameterServer:
     def pull(self, worker: int) -> list:
         with self._lock:
             self._touch(worker)
+            self._joined.add(worker)
             values = self.values()
             self.bytes_sent += sum(v.nbytes for v in values)
             return [np.int64(self.version), *values]
+
+    def started(self, worker: int) -> bool:
+        with self._lock:
+            self._touch(worker)
+            self._check_lost()
+            return all(i in self._joined or i in self._lost for i in range(self.num_workers))
 
     def finish(self, worker: int) -> int:
         with self._lock:
@@ -269,6 +279,12 @@ class ParameterServer:
             return out
 
         @tf.function(input_signature=[scalar])
+        def started(worker):
+            out = tf.py_function(lambda w: self.started(int(w)), [worker], tf.bool)
+            out.set_shape([])
+            return out
+
+        @tf.function(input_signature=[scalar])
         def finish(worker):
             out = tf.py_function(lambda w: self.finish(int(w)), [worker], tf.int64)
             out.set_shape([])
@@ -286,8 +302,8 @@ class ParameterServer:
             out.set_shape([])
             return out
 
-        for name, fn in (("push", push), ("ready", ready), ("pull", pull), ("finish", finish),
-                         ("stats", stats), ("release", release)):
+        for name, fn in (("push", push), ("ready", ready), ("pull", pull), ("started", started),
+                         ("finish", finish), ("stats", stats), ("release", release)):
             server.register(name, fn)
         server.start()
         self._server = server

@@ -63,9 +63,12 @@ def test_the_check_needs_1_5x_sooner_within_a_point():
     text = stragglers.check(plan, rows)  # staleness 0 is synchronous: not a candidate
     assert "async reached the target 1.67x sooner than sync, final accuracy -0.5 pt: passes" \
         in text
+    rows.append(_row("async_scaled", 15.0, 0.93))  # faster, but 3 points lower: not judged
+    assert "async reached the target 1.67x sooner" in stragglers.check(plan, rows)
     rows[2]["final_accuracy"] = 0.94
     assert "ssp4 reached the target 1.20x sooner" in stragglers.check(plan, rows[:2])
-    assert "FAILS" in stragglers.check(plan, rows)
+    assert "async_scaled reached the target 2.00x sooner than sync, final accuracy -3.0 pt: " \
+        "FAILS" in stragglers.check(plan, [r for r in rows if r["algorithm"] != "ssp4"])
     table = stragglers.table(plan, rows)
     assert "| 4 | 1gbit | async | 18.0 | 1.67x | 0.9400 | -2.0 | 1.50 / 3 | 10 | 100 |" in table
     assert "| 4 | 1gbit | sync | 30.0 | 1.00x | 0.9600 | +0.0 | - |" in table

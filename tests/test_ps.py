@@ -18,6 +18,7 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
 from tests.conftest import ROOT, worker_env
@@ -195,6 +196,39 @@ def test_bad_server_arguments_are_refused():
         ParameterServer([], keras.optimizers.SGD(1.0), 2)
 
 
+# -- compressed pushes ---------------------------------------------------------------------------
+def test_a_compressed_push_carries_the_payload_and_the_server_decompresses_it():
+    from tfdist import compression
+
+    big = np.random.default_rng(0).normal(size=(64, 32)).astype("float32")
+    small = np.random.default_rng(1).normal(size=(8,)).astype("float32")
+    variables = [keras.Variable(np.zeros_like(big)), keras.Variable(np.zeros_like(small))]
+    topk = compression.get({"name": "topk", "ratio": 0.01, "error_feedback": True})
+    server = ParameterServer(variables, keras.optimizers.SGD(1.0), 1, staleness=None,
+                             compressor=topk)
+    assert server.codecs[1] is None  # a bias, and under 1024 elements: as it is
+    payload, ctx, state = topk.compress(tf.constant(big), topk.init_state(big.shape, tf.float32),
+                                        tf.constant(0, tf.int64))
+    parts = [p.numpy() for p in payload] + [small]
+    server.push(0, 0, 1.0, parts)
+    applied = server.values()
+    np.testing.assert_array_equal(applied[0], -topk.decompress(payload, ctx).numpy())
+    assert np.count_nonzero(applied[0]) == 21  # ⌈1% of 2,048⌉
+    np.testing.assert_array_equal(applied[1], -small)
+    assert server.report()["bytes_received"] == sum(p.nbytes for p in parts) == 21 * 8 + 32
+    # What the push left out stays in the worker's residual.
+    np.testing.assert_allclose(state["residual"].numpy() - applied[0], big, atol=1e-6)
+
+
+def test_a_compressor_that_needs_the_workers_step_is_refused():
+    from tfdist import compression
+
+    with pytest.raises(ValueError, match="RandomK compressor cannot compress pushes"):
+        ParameterServer([keras.Variable(np.zeros((64, 32), np.float32))],
+                        keras.optimizers.SGD(1.0), 1,
+                        compressor=compression.get("randomk", ratio=0.1))
+
+
 # -- the worker's optimizer over RPC -------------------------------------------------------------
 LEARNING_RATE = 0.05
 
@@ -205,8 +239,10 @@ def _model(seed=3):
                              keras.layers.Dense(2)])
 
 
-def test_one_worker_on_a_server_equals_plain_keras():
-    """The push, wait and pull inside Keras' traced step; the server's Adam == Keras' Adam."""
+@pytest.mark.parametrize("compressor", [None, "fp16"])
+def test_one_worker_on_a_server_equals_plain_keras(compressor):
+    """The push, wait and pull inside Keras' traced step; the server's Adam == Keras' Adam
+    (FP16 pushes: to the half-precision rounding, with half the bytes)."""
     x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
     y = np.random.default_rng(1).integers(0, 2, 32)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -215,13 +251,15 @@ def test_one_worker_on_a_server_equals_plain_keras():
     reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
 
     (port,) = free_ports(1)
-    server = subprocess.Popen([sys.executable, "-m", "tests.workers.ps_server", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "tests.workers.ps_server", str(port),
+                               str(compressor)],
                               cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
         cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0)
         model = _model(seed=9)  # other initial weights: the worker starts from the server's
-        optimizer = ParameterServerOptimizer(LEARNING_RATE, cluster=cluster)
+        optimizer = ParameterServerOptimizer(LEARNING_RATE, cluster=cluster,
+                                             compressor=compressor, min_compress_size=0)
         model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
         finish = tfdist.ps.FinishCallback()
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[finish])
@@ -231,12 +269,17 @@ def test_one_worker_on_a_server_equals_plain_keras():
             os.killpg(server.pid, signal.SIGKILL)
         server.wait()
     for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        if compressor is None:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_allclose(a, b, atol=2e-3)
     assert finish.report["version"] == 8 and finish.report["workers_finished"] == 1
     assert optimizer.communication_rounds == 8
-    gradient_bytes = 4 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    assert optimizer.bytes_sent == 8 * gradient_bytes
-    assert json.loads(out.splitlines()[-1])["bytes_received"] == 8 * gradient_bytes
+    kernels = sum(int(np.prod(v.shape)) for v in model.trainable_variables if len(v.shape) == 2)
+    biases = sum(int(np.prod(v.shape)) for v in model.trainable_variables if len(v.shape) == 1)
+    push = (2 if compressor else 4) * kernels + 4 * biases  # biases go as they are
+    assert optimizer.bytes_sent == 8 * push
+    assert json.loads(out.splitlines()[-1])["bytes_received"] == 8 * push
 
 
 def test_a_worker_with_no_server_says_where_it_looked():
@@ -258,7 +301,7 @@ def test_a_ps_task_refuses_the_workers_optimizer():
 # -- configs -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("override, message", [
     ("engine.staleness=-1", "engine.staleness"),
-    ("compression.name=topk", "compression.name do(es) not combine"),
+    ("compression.name=randomk", "compression.name: randomk do(es) not combine"),
     ("train.precision=mixed_float16", "parameter-server training does not do"),
 ])
 def test_configs_that_parameter_servers_cannot_run_are_refused(override, message):
@@ -304,17 +347,20 @@ def _summary_and_weights(out):
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """The default job for one epoch: on 1 ps + 2 workers with staleness 0 and asynchronously
-    (3 epochs), and with MirroredStrategy over 2 devices: {name: (summary, weights, output)}."""
+    with FP16 pushes (3 epochs), and with MirroredStrategy over 2 devices: {name: (summary,
+    weights, output)}."""
     runs = {}
     for name, command_sets in {
         "sync": (["--set", "engine.staleness=0"], True),
-        "async": (["--set", "engine.staleness=null", "--set", "train.epochs=3"], True),
+        "async": (["--set", "engine.staleness=null", "--set", "train.epochs=3",
+                   "--set", "compression.name=fp16"], True),
         "mirrored": (["--set", "engine.name=mirrored", "--set", "engine.devices=2"], False),
     }.items():
         sets, ps = command_sets
         out = tmp_path_factory.mktemp(name)
         result = _run(_command(out, *sets, ps=ps))
         runs[name] = (*_summary_and_weights(out), result.stdout + result.stderr)
+        runs[f"{name}_dir"] = out
     return runs
 
 
@@ -334,13 +380,23 @@ def test_staleness_0_on_two_workers_equals_synchronous_training_on_two_devices(j
 
 
 @pytest.mark.multiprocess
-def test_asynchronous_training_reaches_the_default_jobs_accuracy(jobs):
+def test_asynchronous_training_with_fp16_pushes_reaches_the_default_jobs_accuracy(jobs):
     summary, _, output = jobs["async"]
     ps = summary["parameter_server"]
     assert summary["test_accuracy"] >= 0.9, summary["test_accuracy"]
+    # The CNN's kernels of >= 1024 elements go in half precision, the rest as they are.
+    sync = jobs["sync"][0]
+    assert summary["bytes_sent_per_step"] < 0.6 * sync["bytes_sent_per_step"]
     assert ps["version"] == ps["pushes"] == 2 * summary["steps"]  # every gradient applied at once
     assert sum(ps["staleness_histogram"].values()) == ps["pushes"]
     assert "parameter server  asynchronous" in output
+    # TensorBoard: the staleness histogram and scalars, from the chief.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = jobs["async_dir"].glob("*/tensorboard/parameter_server")
+    board = EventAccumulator(str(events)).Reload()
+    histogram = board.CompressedHistograms("staleness") or board.Histograms("staleness")
+    assert histogram and board.Scalars("staleness_max")[0].value == ps["staleness_max"]
 
 
 def _pid_of(task_type: str, index: int, marker: str) -> int | None:

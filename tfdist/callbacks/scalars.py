@@ -25,6 +25,20 @@ class ScalarWriter:
             tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=int(step))
         self._writer.flush()
 
+    def histogram(self, tag: str, counts: dict[int, int], step: int) -> None:
+        """A histogram of integer values (value -> count), one bucket per value."""
+        values = sorted(counts)
+        total = sum(counts[v] for v in values)
+        histo = summary_pb2.HistogramProto(
+            min=float(values[0]) if values else 0.0, max=float(values[-1]) if values else 0.0,
+            num=float(total), sum=float(sum(v * counts[v] for v in values)),
+            sum_squares=float(sum(v * v * counts[v] for v in values)),
+            bucket_limit=[v + 0.5 for v in values], bucket=[float(counts[v]) for v in values])
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, histo=histo)])
+        with self._writer.as_default():
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=int(step))
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 

@@ -19,9 +19,12 @@ import time
 import keras
 import tensorflow as tf
 
-from tfdist.arguments import check_number
+from tfdist import compression
+from tfdist.arguments import check_bool, check_int, check_number
+from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers.chain import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
+from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
 from tfdist.ps.server import STATS_LEN, staleness_report
 
 SCALAR = tf.TensorSpec([], tf.int64)
@@ -66,6 +69,11 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         poll_seconds: Pause between two "may I go on?" questions while waiting.
         connect_timeout: Seconds to wait for the parameter servers to answer at the start.
         call_timeout: Seconds after which one RPC fails (a parameter server that hangs).
+        compressor: A `tfdist.compression` compressor (instance, name or config) for the
+            pushes, e.g. `{"name": "topk", "ratio": 0.01, "error_feedback": True}`; the servers
+            must be given the same. Its state (error-feedback residuals) stays on the worker.
+        min_compress_size: Tensors with fewer elements go uncompressed. Defaults to 1024.
+        compress_1d: Compress 1-D tensors (biases) too. Defaults to False.
         name: Optional name.
 
     Example (every task runs the same script; see `tfdist.ps.serve` for the ps side):
@@ -83,9 +91,14 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate=0.001, cluster: Cluster | None = None,
                  poll_seconds: float = 0.002, connect_timeout: float = 300.0,
-                 call_timeout: float = 600.0, name: str | None = None, **kwargs):
+                 call_timeout: float = 600.0, compressor=None,
+                 min_compress_size: int = MIN_SIZE, compress_1d: bool = False,
+                 name: str | None = None, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name or "parameter_server", **kwargs)
         self._cluster = cluster
+        self.compressor = compression.get(compressor)
+        self.min_compress_size = check_int("min_compress_size", min_compress_size, 0)
+        self.compress_1d = check_bool("compress_1d", compress_1d)
         self.poll_seconds = check_number("poll_seconds", poll_seconds, 0)
         self.connect_timeout = check_number("connect_timeout", connect_timeout, 0, low_open=True)
         self.call_timeout = check_number("call_timeout", call_timeout, 0, low_open=True)
@@ -117,7 +130,16 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"{len(self.cluster.ps)} parameter servers for {len(var_list)} "
                              "trainable variables leave some servers without any; use at most "
                              f"{len(var_list)} ps tasks.")
+        self._codecs = codecs_for(self.compressor, var_list, self.min_compress_size,
+                                  self.compress_1d)
+        self._push_bytes = push_nbytes(self._codecs, var_list)
         with tf.init_scope():
+            # The compressor's state per variable (error-feedback residuals): this worker's.
+            self._states = [
+                {} if codec is None else
+                {k: tf.Variable(value, trainable=False, name=f"compressor_{i}_{k}")
+                 for k, value in codec.compressor.init_state(v.shape, v.dtype, i).items()}
+                for i, (codec, v) in enumerate(zip(self._codecs, var_list))]
             # Counters for this worker's process only (the servers hold the training state).
             self._version = [tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name=f"ps{p}_version")
@@ -139,18 +161,29 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                  for g, v in zip(grads, variables)]
         worker = tf.constant(self.worker, tf.int64)
         lr = tf.cast(self.learning_rate, tf.float32)
+        parts = [self._encode(i, g, v) for i, (g, v) in enumerate(zip(grads, variables))]
         pushed = [self._call(p, "push", [worker, self._version[p], lr,
-                                         *[tf.cast(grads[i], variables[i].dtype)
-                                           for i in shard]], SCALAR)
+                                         *[t for i in shard for t in parts[i]]], SCALAR)
                   for p, shard in enumerate(self._shards)]
         with tf.control_dependencies(pushed):
             ready = tf.while_loop(lambda ok: tf.logical_not(ok), lambda ok: self._ready(True),
                                   [self._ready(False)])
         with tf.control_dependencies([ready]):
             self._pull(variables)
-        self._count("bytes_pushed", sum(nbytes(v) for v in variables))
+        self._count("bytes_pushed", self._push_bytes)
         self._count("pushes", 1)
         self.iterations.assign_add(1)
+
+    def _encode(self, i: int, grad, variable) -> list:
+        """What the push carries for variable i: its gradient, or its compressed payload."""
+        codec = self._codecs[i]
+        if codec is None:
+            return [tf.cast(grad, variable.dtype)]
+        state = {k: s.read_value() for k, s in self._states[i].items()}
+        payload, _, state = codec.compressor.compress(grad, state, self.iterations, self.worker)
+        for k, value in state.items():
+            self._states[i][k].assign(value)
+        return list(payload)
 
     # -- the RPCs --------------------------------------------------------------------------------
     def _call(self, p: int, method: str, args: list, specs):
@@ -258,7 +291,9 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
     def get_config(self):
         config = super().get_config()
         config.update(poll_seconds=self.poll_seconds, connect_timeout=self.connect_timeout,
-                      call_timeout=self.call_timeout)
+                      call_timeout=self.call_timeout,
+                      compressor=compression.serialize(self.compressor),
+                      min_compress_size=self.min_compress_size, compress_1d=self.compress_1d)
         return config
 
 
@@ -272,11 +307,20 @@ def _combine(reports: list[dict]) -> dict:
 
 class FinishCallback(keras.callbacks.Callback):
     """Ends a worker's part in parameter-server training when `fit` ends (see
-    `ParameterServerOptimizer.finish`); the chief's report is in `report` afterwards."""
+    `ParameterServerOptimizer.finish`); the chief's report is in `report` afterwards.
 
-    def __init__(self, chief: bool | None = None):
+    Args:
+        chief: Whether this worker waits for the others and pulls the final weights (default:
+            worker 0).
+        log_dir: Where the chief writes the report to TensorBoard (`parameter_server/`:
+            staleness mean and max, updates, workers lost, and the staleness histogram), or
+            None.
+    """
+
+    def __init__(self, chief: bool | None = None, log_dir: str | None = None):
         super().__init__()
         self.chief = chief
+        self.log_dir = log_dir
         self.report: dict | None = None
 
     def on_train_end(self, logs=None):
@@ -285,3 +329,10 @@ class FinishCallback(keras.callbacks.Callback):
             raise TypeError("tfdist.ps.FinishCallback needs a model compiled with "
                             f"tfdist.ps.ParameterServerOptimizer; got {type(optimizer).__name__}.")
         self.report = optimizer.finish(self.chief)
+        if self.report and self.log_dir:
+            writer = ScalarWriter(f"{self.log_dir}/parameter_server")
+            step = self.report["version"]
+            writer.write({key: self.report[key] for key in (
+                "staleness_mean", "staleness_max", "version", "workers_lost")}, step)
+            writer.histogram("staleness", self.report["staleness_histogram"], step)
+            writer.close()

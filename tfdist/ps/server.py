@@ -47,7 +47,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int, check_number
+from tfdist.compression import Compressor
 from tfdist.ps.cluster import Cluster, nbytes, shard_of
+from tfdist.ps.codec import MIN_SIZE, codecs_for, decode, push_specs
 
 BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
 STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
@@ -75,11 +77,15 @@ class ParameterServer:
         flat: Update the shard as one flat vector (see the module docstring). The variables
             get the served values when serving ends (`write_back`).
         scale_lr_by_staleness: Divide the learning rate by a gradient's staleness (>= 1).
+        compressor: The `tfdist.compression` compressor the workers compress their pushes
+            with (`tfdist.ps.codec`), or None.
     """
 
     def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
                  staleness: int | None = 0, worker_timeout: float = 120.0, index: int = 0,
-                 flat: bool = True, scale_lr_by_staleness: bool = False):
+                 flat: bool = True, scale_lr_by_staleness: bool = False,
+                 compressor: Compressor | None = None, min_compress_size: int = MIN_SIZE,
+                 compress_1d: bool = False):
         self.variables = list(variables)
         if not self.variables:
             raise ValueError(f"Parameter server {index} holds no variables: use fewer "
@@ -90,6 +96,9 @@ class ParameterServer:
         self.worker_timeout = check_number("worker_timeout", worker_timeout, 0, low_open=True)
         self.index = index
         self.scale_lr_by_staleness = check_bool("scale_lr_by_staleness", scale_lr_by_staleness)
+        self.codecs = codecs_for(compressor, self.variables,
+                                 check_int("min_compress_size", min_compress_size, 0),
+                                 check_bool("compress_1d", compress_1d))
         self.flat = bool(flat) and len({tf.as_dtype(v.dtype) for v in self.variables}) == 1
         self._shapes = [tuple(v.shape) for v in self.variables]
         self._offsets = np.cumsum([0] + [int(np.prod(s)) for s in self._shapes])
@@ -118,12 +127,15 @@ class ParameterServer:
         self._server = None
 
     # -- what the workers call (through the RPC functions of `start`) ----------------------------
-    def push(self, worker: int, based_on: int, lr: float, grads: list[np.ndarray]) -> int:
+    def push(self, worker: int, based_on: int, lr: float, parts: list[np.ndarray]) -> int:
+        """Takes a worker's push: `parts` are its gradients, or their compressed payloads
+        (`tfdist.ps.codec`), for this server's variables."""
+        grads = decode(self.codecs, parts)
         with self._lock:
             self._touch(worker)
             self._clock[worker] += 1
             self.pushes += 1
-            self.bytes_received += sum(g.nbytes for g in grads)
+            self.bytes_received += sum(p.nbytes for p in parts)
             stale = self.version - based_on
             grads = self._to_targets(grads)
             if self.staleness == 0:
@@ -253,7 +265,7 @@ class ParameterServer:
         """Starts serving at `address` ("host:port") on TensorFlow's gRPC RPC server."""
         server = tf.distribute.experimental.rpc.Server.create("grpc", address)
         scalar = tf.TensorSpec([], tf.int64)
-        specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
+        specs = push_specs(self.codecs, self.variables)
         dtypes = [v.dtype for v in self.variables]
 
         @tf.function(input_signature=[scalar, scalar, tf.TensorSpec([], tf.float32), *specs])
@@ -371,7 +383,8 @@ def staleness_report(stats) -> dict:
 
 def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 0,
           cluster: Cluster | None = None, worker_timeout: float = 120.0,
-          scale_lr_by_staleness: bool = False) -> dict:
+          scale_lr_by_staleness: bool = False, compressor: Compressor | None = None,
+          min_compress_size: int = MIN_SIZE, compress_1d: bool = False) -> dict:
     """Runs this task as its parameter server until the job ends; returns its report.
 
     Args:
@@ -382,6 +395,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         cluster: The `tfdist.ps.Cluster`; default: from TF_CONFIG.
         worker_timeout: Seconds of silence after which a worker is declared lost.
         scale_lr_by_staleness: Divide the learning rate by each gradient's staleness (>= 1).
+        compressor: The compressor of the workers' pushes (the same as theirs), or None;
+            `min_compress_size` and `compress_1d` as theirs.
     """
     cluster = Cluster.from_tf_config() if cluster is None else cluster
     if not cluster.is_ps:
@@ -394,6 +409,7 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
                          "variables leave some servers without any; use fewer ps tasks.")
     server = ParameterServer(shard, optimizer, cluster.num_workers, staleness=staleness,
                              worker_timeout=worker_timeout, index=cluster.task_index,
-                             scale_lr_by_staleness=scale_lr_by_staleness)
+                             scale_lr_by_staleness=scale_lr_by_staleness, compressor=compressor,
+                             min_compress_size=min_compress_size, compress_1d=compress_1d)
     port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
     return server.serve(f"0.0.0.0:{port}")

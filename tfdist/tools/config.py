@@ -310,10 +310,11 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
-    """What parameter-server training does not do (yet): the servers apply plain gradients."""
+    """What parameter-server training does not do (yet)."""
     comp, opt, train = c["compression"], c["optimizer"], c["train"]
     extras = [name for name, on in (
-        ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
+        ("compression.name: auto", comp["name"] == "auto"),
+        ("compression.name: randomk", comp["name"] == "randomk"),
         ("averaging.period", c["averaging"]["period"] is not None),
         ("optimizer.zero_stage", opt["zero_stage"] is not None),
         ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
@@ -321,9 +322,10 @@ def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         ("train.resize_policy", train["resize_policy"] is not None)) if on]
     errors = []
     if extras:
-        errors.append(f"engine.name: 'parameter_server' trains with plain gradients pushed to the "
-                      f"servers; {', '.join(extras)} do(es) not combine with it: leave "
-                      "compression.name none, averaging.period null, optimizer.zero_stage null, "
+        errors.append(f"engine.name: 'parameter_server' pushes each worker's gradients (plain "
+                      f"or compressed) to the servers; {', '.join(extras)} do(es) not combine "
+                      "with it: use a compressor the servers can decompress alone (not auto or "
+                      "randomk), and leave averaging.period null, optimizer.zero_stage null, "
                       "optimizer.accumulation_steps 1, train.checkpoint_steps and "
                       "train.resize_policy null")
     if train["precision"] == "mixed_float16":

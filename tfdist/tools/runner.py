@@ -53,7 +53,7 @@ from tfdist.data import (
 from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.ps import FinishCallback, ParameterServerEngine, ParameterServerOptimizer, serve
-from tfdist.tools.config import ConfigError, make_parts
+from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
 
@@ -300,7 +300,10 @@ def _wrap(job: Job, inner, config: dict):
     if job.name == "keras_multi_worker":
         return inner
     if isinstance(job.engine, ParameterServerEngine):  # the servers run `inner`
-        return ParameterServerOptimizer(float(inner.learning_rate), cluster=job.engine.cluster)
+        return ParameterServerOptimizer(float(inner.learning_rate), cluster=job.engine.cluster,
+                                        compressor=make_compressor(config["compression"]),
+                                        min_compress_size=config["compression"]["min_size"],
+                                        compress_1d=config["compression"]["compress_1d"])
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"])
@@ -439,7 +442,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
     elif job.name == "parameter_server":
         dataset = shard_batches(batches(), job.rank, job.world_size)
-        callbacks.append(finish := FinishCallback())
+        callbacks.append(finish := FinishCallback(
+            log_dir=str(run_dir / TENSORBOARD) if job.is_chief else None))
         if warmup:
             callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"], scale=scale))
     elif job.strategy is not None:
@@ -545,7 +549,10 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     report = serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
                    staleness=config["engine"]["staleness"], cluster=cluster,
                    worker_timeout=config["engine"]["worker_timeout"],
-                   scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"])
+                   scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"],
+                   compressor=make_compressor(config["compression"]),
+                   min_compress_size=config["compression"]["min_size"],
+                   compress_1d=config["compression"]["compress_1d"])
     keras.config.set_dtype_policy("float32")
     return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
             **report}

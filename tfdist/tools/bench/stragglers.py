@@ -128,7 +128,8 @@ def table(plan: comm.Plan, rows: list[dict]) -> str:
 def check(plan: comm.Plan, rows: list[dict]) -> str:
     """Whether bounded-staleness or asynchronous training reached the target at least
     SPEED_UP_CHECK x sooner than the first row (synchronous), within ACCURACY_SLACK of its final
-    accuracy, per (hosts, link)."""
+    accuracy, per (hosts, link): the fastest such run is judged (the fastest of all when none
+    ends within the slack)."""
     lines = []
     for key in sorted({(r["hosts"], r["bandwidth"]) for r in rows}):
         here = [r for r in rows if (r["hosts"], r["bandwidth"]) == key]
@@ -139,9 +140,11 @@ def check(plan: comm.Plan, rows: list[dict]) -> str:
             lines.append(f"- {key[0]} hosts @ {key[1]}: not judged (the synchronous run or "
                          "every relaxed run missed the target)")
             continue
-        best = min(relaxed, key=lambda r: r["time_to_target_s"])
+        within = [r for r in relaxed
+                  if r["final_accuracy"] >= sync["final_accuracy"] - ACCURACY_SLACK]
+        best = min(within or relaxed, key=lambda r: r["time_to_target_s"])
         ratio = sync["time_to_target_s"] / best["time_to_target_s"]
-        close = best["final_accuracy"] >= sync["final_accuracy"] - ACCURACY_SLACK
+        close = bool(within)
         verdict = "passes" if ratio >= SPEED_UP_CHECK and close else "FAILS"
         lines.append(f"- {key[0]} hosts @ {key[1]}: {best['label']} reached the target "
                      f"{ratio:.2f}x sooner than {sync['label']}, final accuracy "
@@ -158,7 +161,7 @@ def plot(plan: comm.Plan, rows: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     keys = sorted({(r["hosts"], r["bandwidth"]) for r in rows})
-    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(9.5, 6 * len(keys)), 5.2), squeeze=False)
     for ax, key in zip(axes[0], keys):
         for r in rows:
             if (r["hosts"], r["bandwidth"]) == key:
@@ -169,9 +172,8 @@ def plot(plan: comm.Plan, rows: list[dict], path: Path) -> Path:
                xlabel="training time of the chief (s)", ylabel="test accuracy")
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 2) // 3), 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * ((len(labels) + 1) // 2), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

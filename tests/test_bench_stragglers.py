@@ -4,10 +4,13 @@ The runs themselves are the comm suite's on an emulated cluster whose straggler 
 tests/test_emulated.py; here what is built before a run and judged after it."""
 
 import json
+import os
 import re
 
 import pytest
 
+from tests.test_emulated import needs_netns
+from tfdist.tools import emulated
 from tfdist.tools.bench import stragglers
 from tfdist.tools.config import ConfigError
 
@@ -83,3 +86,40 @@ def test_outputs_are_written(tmp_path):
         [("sync", 30.0), ("async", 15.0)]
     assert "passes" in (tmp_path / "stragglers.md").read_text()
     assert (tmp_path / "stragglers_accuracy.png").stat().st_size > 10_000
+
+
+SPEC = """
+job: [model.name=mlp, "model.hidden=[64]", data.global_batch_size=64, train.epochs=2]
+target_accuracy: 0.5
+hosts: [2]
+bandwidths: [1gbit]
+straggler: {host: 1, slowdown: 1}
+run_timeout_seconds: 300
+algorithms:
+  sync: {label: sync, config: default.yaml}
+  async: {label: async, config: default.yaml,
+          set: [engine.name=parameter_server, engine.staleness=null]}
+"""
+
+
+@needs_netns
+@pytest.mark.slow
+def test_a_small_sweep_runs_parameter_servers_beside_a_straggler(tmp_path):
+    """2 hosts, host 1 under a quota of one core: the all-reduce baseline and asynchronous
+    parameter servers (on host 0) both train; rows, JSON and plot written; nothing left."""
+    spec = tmp_path / "stragglers.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    rows = stragglers.run_stragglers(False, str(out), spec=str(spec))
+    by = {r["algorithm"]: r for r in rows}
+    assert list(by) == ["sync", "async"]
+    params = 64 * 64 + 64 + 64 * 10 + 10
+    assert by["async"]["bytes_per_step"] == 4 * params  # one push of the gradients
+    assert by["async"]["updates"] == 2 * by["async"]["steps"]  # both workers' pushes applied
+    assert by["sync"]["staleness_mean"] is None and by["async"]["staleness_mean"] is not None
+    assert by["async"]["straggler"] == {"host": 1, "slowdown": 1.0, "cpu_share": 1.0}
+    assert all(r["final_accuracy"] > 0.5 for r in rows)
+    assert (out / "stragglers_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "stragglers.json").read_text())["failures"] == []
+    assert not [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
+    assert not [c for c in os.listdir(emulated.CGROUP_CPU) if c.startswith(f"tfd-{os.getpid()}-")]

@@ -128,6 +128,19 @@ def test_stale_gradients_can_get_a_smaller_learning_rate():
     np.testing.assert_allclose(server.values()[0], -3.0 - 1.0)
 
 
+def test_delay_compensation_corrects_a_stale_gradient_with_the_weights_it_was_computed_on():
+    variable = keras.Variable(np.zeros(3, np.float32))
+    server = ParameterServer([variable], keras.optimizers.SGD(1.0), 2, staleness=None,
+                             delay_compensation=0.25)
+    server.pull(1)  # worker 1 computes on w = 0
+    server.push(0, 0, 1.0, _grad(1.0))  # w = -1
+    server.push(1, 0, 1.0, _grad(2.0))  # 2 + 0.25 * 2 * 2 * (-1 - 0) = 1
+    np.testing.assert_allclose(server.values()[0], -2.0)
+    with pytest.raises(ValueError, match="with staleness=0 there are none"):
+        ParameterServer([variable], keras.optimizers.SGD(1.0), 2, staleness=0,
+                        delay_compensation=0.04)
+
+
 def test_bounded_staleness_holds_a_worker_that_runs_ahead():
     server, _ = _server(1)
     server.push(0, 0, 1.0, _grad(1.0))
@@ -303,6 +316,7 @@ def test_a_ps_task_refuses_the_workers_optimizer():
     ("engine.staleness=-1", "engine.staleness"),
     ("compression.name=randomk", "compression.name: randomk do(es) not combine"),
     ("train.precision=mixed_float16", "parameter-server training does not do"),
+    ("engine.delay_compensation=0.04", "engine.delay_compensation: corrects stale gradients"),
 ])
 def test_configs_that_parameter_servers_cannot_run_are_refused(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

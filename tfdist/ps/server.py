@@ -23,7 +23,10 @@ from inside their traced train steps (see `ParameterServerOptimizer`). It offers
 
 With `scale_lr_by_staleness`, a gradient of staleness t >= 1 is applied with the learning rate
 divided by t (staleness-aware asynchronous SGD, Zhang et al., IJCAI 2016): a straggler's old
-gradients move the weights less.
+gradients move the weights less. With `delay_compensation=lambda`, a stale gradient g gets the
+first-order correction g + lambda g * g * (w_now - w_pulled) (DC-ASGD, Zheng et al., ICML 2017;
+MXNet uses lambda = 0.04), w_pulled being the weights the worker computed it on (the server
+keeps a copy per worker).
 
 By default a server keeps its shard as one flat vector and the optimizer updates that vector in
 one call (`flat=True`): the same update as per variable for element-wise optimizers (SGD,
@@ -77,6 +80,7 @@ class ParameterServer:
         flat: Update the shard as one flat vector (see the module docstring). The variables
             get the served values when serving ends (`write_back`).
         scale_lr_by_staleness: Divide the learning rate by a gradient's staleness (>= 1).
+        delay_compensation: DC-ASGD's lambda (>= 0), or None; not with staleness 0.
         compressor: The `tfdist.compression` compressor the workers compress their pushes
             with (`tfdist.ps.codec`), or None.
     """
@@ -84,6 +88,7 @@ class ParameterServer:
     def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
                  staleness: int | None = 0, worker_timeout: float = 120.0, index: int = 0,
                  flat: bool = True, scale_lr_by_staleness: bool = False,
+                 delay_compensation: float | None = None,
                  compressor: Compressor | None = None, min_compress_size: int = MIN_SIZE,
                  compress_1d: bool = False):
         self.variables = list(variables)
@@ -96,6 +101,13 @@ class ParameterServer:
         self.worker_timeout = check_number("worker_timeout", worker_timeout, 0, low_open=True)
         self.index = index
         self.scale_lr_by_staleness = check_bool("scale_lr_by_staleness", scale_lr_by_staleness)
+        if delay_compensation is not None:
+            check_number("delay_compensation", delay_compensation, 0)
+            if self.staleness == 0:
+                raise ValueError("`delay_compensation` corrects stale gradients; with "
+                                 "staleness=0 there are none: use staleness >= 1 or None.")
+        self.delay_compensation = delay_compensation
+        self._pulled: dict[int, list[np.ndarray]] = {}  # per worker, its last pull (DC-ASGD)
         self.codecs = codecs_for(compressor, self.variables,
                                  check_int("min_compress_size", min_compress_size, 0),
                                  check_bool("compress_1d", compress_1d))
@@ -149,6 +161,8 @@ class ParameterServer:
                 self._count(stale)
                 if self.scale_lr_by_staleness and stale > 1:
                     lr /= stale
+                if self.delay_compensation and stale > 0 and worker in self._pulled:
+                    grads = self._compensate(grads, self._pulled[worker])
                 self._apply(grads, lr)
             return self.version
 
@@ -170,6 +184,8 @@ class ParameterServer:
             self._touch(worker)
             self._joined.add(worker)
             values = self.values()
+            if self.delay_compensation is not None:
+                self._pulled[worker] = [t.numpy() for t in self._targets]
             self.bytes_sent += sum(v.nbytes for v in values)
             return [np.int64(self.version), *values]
 
@@ -238,6 +254,11 @@ class ParameterServer:
         # called from one can wait for a free thread forever while the others wait for the lock.
         self.optimizer.apply([tf.convert_to_tensor(g) for g in grads], self._targets)
         self.version += 1
+
+    def _compensate(self, grads: list[np.ndarray], pulled: list[np.ndarray]) -> list[np.ndarray]:
+        """DC-ASGD: g + lambda * g * g * (w_now - w_pulled), in the targets' layout."""
+        lam = self.delay_compensation
+        return [g + lam * g * g * (t.numpy() - w) for g, t, w in zip(grads, self._targets, pulled)]
 
     def _to_targets(self, grads: list[np.ndarray]) -> list[np.ndarray]:
         return [np.concatenate([np.ravel(g) for g in grads])] if self.flat else list(grads)
@@ -383,7 +404,8 @@ def staleness_report(stats) -> dict:
 
 def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 0,
           cluster: Cluster | None = None, worker_timeout: float = 120.0,
-          scale_lr_by_staleness: bool = False, compressor: Compressor | None = None,
+          scale_lr_by_staleness: bool = False, delay_compensation: float | None = None,
+          compressor: Compressor | None = None,
           min_compress_size: int = MIN_SIZE, compress_1d: bool = False) -> dict:
     """Runs this task as its parameter server until the job ends; returns its report.
 
@@ -395,6 +417,7 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         cluster: The `tfdist.ps.Cluster`; default: from TF_CONFIG.
         worker_timeout: Seconds of silence after which a worker is declared lost.
         scale_lr_by_staleness: Divide the learning rate by each gradient's staleness (>= 1).
+        delay_compensation: DC-ASGD's lambda for stale gradients, or None.
         compressor: The compressor of the workers' pushes (the same as theirs), or None;
             `min_compress_size` and `compress_1d` as theirs.
     """
@@ -409,7 +432,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
                          "variables leave some servers without any; use fewer ps tasks.")
     server = ParameterServer(shard, optimizer, cluster.num_workers, staleness=staleness,
                              worker_timeout=worker_timeout, index=cluster.task_index,
-                             scale_lr_by_staleness=scale_lr_by_staleness, compressor=compressor,
+                             scale_lr_by_staleness=scale_lr_by_staleness,
+                             delay_compensation=delay_compensation, compressor=compressor,
                              min_compress_size=min_compress_size, compress_1d=compress_1d)
     port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
     return server.serve(f"0.0.0.0:{port}")

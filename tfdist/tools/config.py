@@ -122,6 +122,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  lambda v: v > 0, 120, most=10**7),
         # parameter_server: a gradient of staleness t >= 1 gets the learning rate / t.
         "scale_lr_by_staleness": Field(False, (bool,), "true or false"),
+        # parameter_server: DC-ASGD's lambda for stale gradients (e.g. 0.04), or null.
+        "delay_compensation": _float("a number >= 0, or null", lambda v: v >= 0, None,
+                                     nullable=True, most=1e6),
     },
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),
@@ -328,6 +331,9 @@ def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                       "randomk), and leave averaging.period null, optimizer.zero_stage null, "
                       "optimizer.accumulation_steps 1, train.checkpoint_steps and "
                       "train.resize_policy null")
+    if c["engine"]["delay_compensation"] is not None and c["engine"]["staleness"] == 0:
+        errors.append("engine.delay_compensation: corrects stale gradients; with "
+                      "engine.staleness 0 there are none: set engine.staleness >= 1 or null")
     if train["precision"] == "mixed_float16":
         errors.append("train.precision: 'mixed_float16' needs loss scaling, which "
                       "parameter-server training does not do; use float32 or mixed_bfloat16")

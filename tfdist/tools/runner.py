@@ -550,6 +550,7 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
                    staleness=config["engine"]["staleness"], cluster=cluster,
                    worker_timeout=config["engine"]["worker_timeout"],
                    scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"],
+                   delay_compensation=config["engine"]["delay_compensation"],
                    compressor=make_compressor(config["compression"]),
                    min_compress_size=config["compression"]["min_size"],
                    compress_1d=config["compression"]["compress_1d"])

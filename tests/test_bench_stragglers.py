@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.test_emulated import needs_netns
+from tests.test_emulated import needs_cgroup, needs_netns
 from tfdist.tools import emulated
 from tfdist.tools.bench import stragglers
 from tfdist.tools.config import ConfigError
@@ -103,6 +103,7 @@ algorithms:
 
 
 @needs_netns
+@needs_cgroup
 @pytest.mark.slow
 def test_a_small_sweep_runs_parameter_servers_beside_a_straggler(tmp_path):
     """2 hosts, host 1 under a quota of one core: the all-reduce baseline and asynchronous

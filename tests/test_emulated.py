@@ -124,7 +124,13 @@ SPIN = "import time; t = time.process_time(); w = time.time()\n" \
        "while time.process_time() - t < 0.3: pass\nprint(time.time() - w)"
 
 
+needs_cgroup = pytest.mark.skipif(
+    not os.path.exists(f"{emulated.CGROUP_CPU}/cpu.cfs_quota_us"),
+    reason="needs the cgroup v1 cpu controller (a straggler's CPU quota)")
+
+
 @needs_netns
+@needs_cgroup
 def test_a_straggler_computes_under_its_cpu_quota_and_its_cgroup_is_removed():
     """Host 1 at 0.1 cores needs about 10x the wall time for 0.3 s of CPU work."""
     with EmulatedCluster(2, "1gbit", slow_host=1, cpu_share=0.1) as cluster:

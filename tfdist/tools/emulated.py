@@ -128,9 +128,9 @@ class EmulatedCluster:
                  slow_host: int | None = None, cpu_share: float | None = None):
         self.rate = parse_bandwidth(bandwidth)
         self.delay = parse_delay(delay) if delay else 0.0
-        check_can_emulate(hosts, self.delay)
-        if slow_host is not None:
+        if slow_host is not None:  # the arguments first, then what the machine can do
             check_straggler(hosts, slow_host, cpu_share)
+        check_can_emulate(hosts, self.delay)
         self.slow_host, self.cpu_share = slow_host, cpu_share
         self.hosts, self.bandwidth = hosts, bandwidth
         tag = f"{PREFIX}{os.getpid()}-{int(time.time() * 1000) % 100000}"
@@ -317,7 +317,10 @@ time.sleep(10**9)
 
 def check_straggler(hosts: int, slow_host: int, cpu_share: float | None) -> None:
     """Raises, before anything is created, if the straggler cannot be emulated."""
-    if not isinstance(slow_host, int) or not 0 <= slow_host < hosts:
+    if isinstance(hosts, bool) or not isinstance(hosts, int):
+        raise ValueError(f"hosts={hosts!r}: must be an integer >= 1")
+    if isinstance(slow_host, bool) or not isinstance(slow_host, int) or \
+            not 0 <= slow_host < hosts:
         raise ValueError(f"slow_host={slow_host!r}: must be a host index in [0, {hosts})")
     cores = os.cpu_count() or 1
     if not isinstance(cpu_share, (int, float)) or not 0 < cpu_share <= cores:

@@ -286,58 +286,22 @@ class ParameterServer:
         """Starts serving at `address` ("host:port") on TensorFlow's gRPC RPC server."""
         server = tf.distribute.experimental.rpc.Server.create("grpc", address)
         scalar = tf.TensorSpec([], tf.int64)
-        specs = push_specs(self.codecs, self.variables)
-        dtypes = [v.dtype for v in self.variables]
-
-        @tf.function(input_signature=[scalar, scalar, tf.TensorSpec([], tf.float32), *specs])
-        def push(worker, based_on, lr, *grads):
-            out = tf.py_function(lambda w, b, r, *g: self.push(int(w), int(b), float(r),
-                                                   [x.numpy() for x in g]),
-                     [worker, based_on, lr, *grads], tf.int64)
-            out.set_shape([])
-            return out
-
-        @tf.function(input_signature=[scalar])
-        def ready(worker):
-            out = tf.py_function(lambda w: self.ready(int(w)), [worker], tf.bool)
-            out.set_shape([])
-            return out
-
-        @tf.function(input_signature=[scalar])
-        def pull(worker):
-            out = tf.py_function(lambda w: self.pull(int(w)), [worker], [tf.int64, *dtypes])
-            out[0].set_shape([])
-            for t, v in zip(out[1:], self.variables):
-                t.set_shape(v.shape)
-            return out
-
-        @tf.function(input_signature=[scalar])
-        def started(worker):
-            out = tf.py_function(lambda w: self.started(int(w)), [worker], tf.bool)
-            out.set_shape([])
-            return out
-
-        @tf.function(input_signature=[scalar])
-        def finish(worker):
-            out = tf.py_function(lambda w: self.finish(int(w)), [worker], tf.int64)
-            out.set_shape([])
-            return out
-
-        @tf.function(input_signature=[])
-        def stats():
-            out = tf.py_function(self.stats, [], tf.int64)
-            out.set_shape([STATS_LEN])
-            return out
-
-        @tf.function(input_signature=[])
-        def release():
-            out = tf.py_function(self.release, [], tf.int64)
-            out.set_shape([])
-            return out
-
-        for name, fn in (("push", push), ("ready", ready), ("pull", pull), ("started", started),
-                         ("finish", finish), ("stats", stats), ("release", release)):
-            server.register(name, fn)
+        worker = [scalar]
+        values = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
+        push_in = [scalar, scalar, tf.TensorSpec([], tf.float32),
+                   *push_specs(self.codecs, self.variables)]
+        methods = {  # name: (Python handler on NumPy arguments, input specs, output specs)
+            "push": (lambda w, b, r, *g: self.push(int(w), int(b), float(r), list(g)),
+                     push_in, scalar),
+            "ready": (lambda w: self.ready(int(w)), worker, tf.TensorSpec([], tf.bool)),
+            "pull": (lambda w: self.pull(int(w)), worker, [scalar, *values]),
+            "started": (lambda w: self.started(int(w)), worker, tf.TensorSpec([], tf.bool)),
+            "finish": (lambda w: self.finish(int(w)), worker, scalar),
+            "stats": (self.stats, [], tf.TensorSpec([STATS_LEN], tf.int64)),
+            "release": (self.release, [], scalar),
+        }
+        for name, (handler, inputs, outputs) in methods.items():
+            server.register(name, _rpc_function(handler, inputs, outputs))
         server.start()
         self._server = server
 
@@ -381,6 +345,24 @@ class ParameterServer:
     def report(self) -> dict:
         return staleness_report(self.stats()) | {
             "bytes_received": self.bytes_received, "bytes_sent": self.bytes_sent}
+
+
+def _rpc_function(handler, inputs: list[tf.TensorSpec], outputs):
+    """A tf.function for the RPC server that runs `handler` in Python on its arguments as
+    NumPy values; `outputs` (a spec or a list of specs) gives the results' dtypes and shapes."""
+    specs = outputs if isinstance(outputs, list) else [outputs]
+
+    def run(*args):
+        return handler(*[a.numpy() for a in args])
+
+    @tf.function(input_signature=inputs)
+    def function(*args):
+        out = tf.py_function(run, list(args), [s.dtype for s in specs])
+        for tensor, spec in zip(out, specs):
+            tensor.set_shape(spec.shape)
+        return out if isinstance(outputs, list) else out[0]
+
+    return function
 
 
 def staleness_report(stats) -> dict:

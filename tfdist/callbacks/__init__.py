@@ -8,6 +8,7 @@ from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
 from tfdist.callbacks.resize import RESIZE_EXIT, ElasticResize, throughput_policy
 from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
+from tfdist.callbacks.start import StartAt
 from tfdist.callbacks.watchdog import WATCHDOG_EXIT, Watchdog
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "ModelCheckpoint",
     "ScalarLog",
     "ScalarWriter",
+    "StartAt",
     "StepTimer",
     "WATCHDOG_EXIT",
     "Watchdog",

@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from tfdist._hooks.training import set_initial_epoch
 from tfdist.arguments import check_bool, check_int
+from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import replica_copies, resolve
 
 FORMAT = 1
@@ -102,16 +103,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.restored: dict[str, Any] | None = None  # the backup's meta.json, when resumed
         self._consumed = 0  # global batches (dataset elements) fit has consumed
         self._epoch_start = 0
-        self._skip = 0  # finished steps of the resumed epoch fit still has to pass
         self._resumed_batch = 0  # steps of the resumed epoch done before the backup
-        self._skipping = False
-        self._original_train_function = None
+        self._skipped: SkippedSteps | None = None  # the resumed epoch's finished steps
         self._pending_metrics: list = []  # (replica copies, values) set when an epoch begins
 
     @property
     def skipping(self) -> bool:
         """Whether `fit` is passing a finished step of the resumed epoch (nothing ran)."""
-        return self._skipping
+        return self._skipped is not None and self._skipped.skipping
 
     def save_now(self) -> None:
         """Backs up now, at the step just finished (call it from `on_train_batch_end` of a
@@ -152,7 +151,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._pending_metrics = []
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._skipping:  # a finished step of the resumed epoch: no data read, nothing saved
+        if self.skipping:  # a finished step of the resumed epoch: no data read, nothing saved
             return
         before, self._consumed = self._consumed, self._epoch_start + batch + 1
         while len(self.batches_per_epoch) <= self._epoch:
@@ -166,7 +165,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._save(epoch=epoch + 1, batch=0)
 
     def on_train_end(self, logs=None):
-        self._unwrap()
+        if self._skipped is not None:
+            self._skipped.remove()
+            self._skipped = None
         set_initial_epoch(self.model, None)
         if self.delete_checkpoint:
             shutil.rmtree(self._process_dir, ignore_errors=True)
@@ -348,32 +349,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         # The data goes on at the next batch; fit's loop passes the epoch's finished steps
         # without running them (and without reading data).
         self._consumed, self._resumed_batch = meta["consumed"], meta["batch"]
-        self._skip = meta["batch"] // meta.get("steps_per_execution", 1)
+        skip = meta["batch"] // meta.get("steps_per_execution", 1)
         set_initial_epoch(self.model, meta["epoch"])
-        if self._skip:
-            self._wrap()
-
-    def _wrap(self) -> None:
-        """The resumed epoch's finished steps are passed: no step runs, no data is read."""
-        model = self.model
-        self._original_train_function = original = model.train_function
-
-        def train_function(iterator):
-            if self._skip > 0:
-                self._skip -= 1
-                self._skipping = True
-                return model.get_metrics_result()
-            self._skipping = False
-            self._unwrap()
-            return original(iterator)
-
-        model.train_function = train_function
-
-    def _unwrap(self) -> None:
-        self._skipping = False
-        if self._original_train_function is not None:
-            self.model.train_function = self._original_train_function
-            self._original_train_function = None
+        if skip:
+            self._skipped = SkippedSteps(self.model, skip)
 
 
 def merged(copies: np.ndarray) -> np.ndarray:

@@ -209,6 +209,102 @@ def test_bad_server_arguments_are_refused():
         ParameterServer([], keras.optimizers.SGD(1.0), 2)
 
 
+# -- checkpoints and restarts ----------------------------------------------------------------------
+def _adam_server(directory, workers=2, every=2, size=3, staleness=0):
+    variables = [keras.Variable(np.arange(size, dtype=np.float32)),
+                 keras.Variable(np.ones(2, np.float32))]
+    return ParameterServer(variables, keras.optimizers.Adam(0.1), workers, staleness=staleness,
+                           checkpoint_dir=None if directory is None else str(directory),
+                           checkpoint_every=every)
+
+
+def _pushes(server, rounds, start=0, size=3):
+    for k in range(start, start + rounds):
+        for worker in (0, 1):
+            server.push(worker, k, 0.1, [np.full(size, k + worker + 1.0, np.float32),
+                                         np.full(2, -1.0, np.float32)])
+
+
+def test_a_server_resumes_its_checkpoint_to_the_weights_of_a_server_never_stopped(tmp_path):
+    from tfdist.ps import checkpoint
+
+    first = _adam_server(tmp_path)
+    _pushes(first, 5)  # checkpoints at updates 2 and 4 (the newest two kept)
+    assert checkpoint.complete_steps(str(tmp_path), 0) == [2, 4]
+    assert checkpoint.common_step(str(tmp_path), 1) == 4
+    assert first.clock(1) == 5
+    reference = _adam_server(None)
+    _pushes(reference, 4)
+    resumed = _adam_server(tmp_path)
+    resumed.restore(4)  # a restarted server: update 4, clocks 4, Adam's moments and step
+    assert resumed.version == 4 and resumed.clock(0) == resumed.clock(1) == 4
+    assert resumed.report()["staleness_histogram"] == reference.report()["staleness_histogram"]
+    _pushes(resumed, 3, start=4)
+    _pushes(reference, 3, start=4)
+    for a, b in zip(resumed.values(), reference.values(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_checkpoint_of_another_job_is_refused_and_servers_must_agree(tmp_path):
+    from tfdist.ps import checkpoint
+
+    _pushes(_adam_server(tmp_path), 2)
+    with pytest.raises(ValueError, match=r"written for other workers \(2; here 3\)"):
+        _adam_server(tmp_path, workers=3).restore(2)
+    with pytest.raises(ValueError, match=r"variables' shapes .*remove the directory"):
+        _adam_server(tmp_path, size=4).restore(2)
+    os.makedirs(tmp_path / "ps-1")
+    (tmp_path / "ps-1" / "step-6.npz").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"no checkpoint in common .*\{0: \[2\], 1: \[6\]\}"):
+        checkpoint.common_step(str(tmp_path), 2)
+    assert checkpoint.common_step(str(tmp_path / "none"), 2) is None
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_server_with_the_reason(small_filesystem):
+    server = _adam_server(small_filesystem, every=1, size=4000)  # 16 KB weights + 2 moments
+    with pytest.raises(OSError, match=r"could not write its checkpoint of update \d+ .*Its last "
+                                      r"complete checkpoint is intact"):
+        _pushes(server, 3, size=4000)
+    assert isinstance(server._failure, OSError)  # serve() raises it and the task exits
+    assert not [p for p in (small_filesystem / "ps-0").iterdir() if p.suffix == ".partial"]
+
+
+def test_start_at_begins_fit_at_a_global_step_without_training_the_steps_before():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 1), np.float32)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: seen.append(epoch))
+    history = model.fit(x, y, batch_size=2, epochs=3,
+                        callbacks=[tfdist.callbacks.StartAt(6, 4), record], verbose=0)
+    assert seen == [1, 2] and len(history.history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 6  # 12 steps - the 6 already done
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # a later fit is a plain one again
+    assert int(model.optimizer.iterations.numpy()) == 10
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        tfdist.callbacks.StartAt(3, 0)
+
+
+def test_the_launcher_starts_a_failed_restartable_process_again(tmp_path, capsys):
+    from tfdist.tools.launch import run_processes
+
+    marker = tmp_path / "ran"
+    script = (f"import os, sys; p = {str(marker)!r}; first = not os.path.exists(p); "
+              "open(p, 'a').write('x'); print('first' if first else 'again'); "
+              "sys.exit(3 if first else 0)")
+    commands = [([sys.executable, "-c", script], dict(os.environ)),
+                ([sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(4)"],
+                 dict(os.environ))]
+    results = run_processes(commands, 60, stop_on_failure=False, restartable=frozenset({0, 1}),
+                            max_restarts=2)
+    assert results[0].returncode == 0 and results[0].output == "first\nagain\n"
+    assert results[1].returncode == 4  # the one restart left went to it, and it failed again
+    err = capsys.readouterr().err
+    assert "[launch] worker 0 exited with 3; starting it again (restart 1 of 2)" in err
+    assert "(restart 2 of 2)" in err and "restart 3" not in err
+
+
 # -- compressed pushes ---------------------------------------------------------------------------
 def test_a_compressed_push_carries_the_payload_and_the_server_decompresses_it():
     from tfdist import compression
@@ -333,16 +429,16 @@ def test_tfdist_train_without_a_ps_task_names_the_fix(monkeypatch):
 
 
 # -- whole jobs: 1 ps + 2 workers -----------------------------------------------------------------
-JOB = ["--set", "train.epochs=1", "--set", "train.evaluate_each_epoch=false"]
+JOB = ["--set", "train.epochs=2", "--set", "train.evaluate_each_epoch=false"]
 
 
-def _command(out, *sets, ps=True):
+def _command(out, *sets, ps=True, launch=()):
     train = [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB,
              "--set", f"train.output_dir={out}", *sets]
     if not ps:
         return train
     return [sys.executable, "-m", "tfdist.launch", "--ps", "1", "--workers", "2",
-            "--timeout", "300", "--", *train, "--set", "engine.name=parameter_server"]
+            "--timeout", "300", *launch, "--", *train, "--set", "engine.name=parameter_server"]
 
 
 def _run(command):
@@ -360,7 +456,7 @@ def _summary_and_weights(out):
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """The default job for one epoch: on 1 ps + 2 workers with staleness 0 and asynchronously
+    """The default job for two epochs: on 1 ps + 2 workers with staleness 0 and asynchronously
     with FP16 pushes (3 epochs), and with MirroredStrategy over 2 devices: {name: (summary,
     weights, output)}."""
     runs = {}
@@ -429,10 +525,10 @@ def _pid_of(task_type: str, index: int, marker: str) -> int | None:
     return None
 
 
-def _kill_during_epoch_2(out, task_type, index, *sets):
-    """Runs a 3-epoch job, SIGKILLs task (`task_type`, `index`) when the chief starts epoch 2;
+def _kill_during_epoch_2(out, task_type, index, *sets, launch=()):
+    """Runs the 2-epoch job, SIGKILLs task (`task_type`, `index`) when the chief starts epoch 2;
     returns the launcher's (exit code, output)."""
-    command = _command(out, "--set", "train.epochs=3", *sets)
+    command = _command(out, *sets, launch=launch)
     launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
@@ -463,7 +559,8 @@ def _kill_during_epoch_2(out, task_type, index, *sets):
 @pytest.mark.multiprocess
 def test_a_killed_worker_does_not_stop_the_job(tmp_path):
     code, output = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=1",
-                                        "--set", "engine.worker_timeout=5")
+                                        "--set", "engine.worker_timeout=5",
+                                        launch=["--max-restarts", "0"])
     assert code == 0, output[-4000:]
     assert re.search(r"parameter server 0: worker 1 silent for 5 s at clock \d+: going on "
                      "without it", output), output[-4000:]
@@ -474,14 +571,41 @@ def test_a_killed_worker_does_not_stop_the_job(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_a_killed_parameter_server_stops_the_workers_with_a_clear_error(tmp_path):
-    code, output = _kill_during_epoch_2(tmp_path, "ps", 0)
+def test_a_killed_worker_is_started_again_and_synchronous_training_ends_as_if_never_stopped(
+        jobs, tmp_path):
+    code, output = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=0")
+    assert code == 0, output[-4000:]
+    assert ("[launch] worker 1 was killed by SIGKILL (signal 9); starting it again (restart 1 "
+            "of 3)") in output
+    assert re.search(r"\[worker 1\] worker 1: resuming at step \d+", output), output[-4000:]
+    summary, weights = _summary_and_weights(tmp_path)
+    for a, b in zip(jobs["sync"][1], weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    ps = summary["parameter_server"]  # its share of every round pushed, once
+    assert ps["pushes"] == 2 * summary["steps"] and ps["workers_lost"] == 0
+
+
+@pytest.mark.multiprocess
+def test_a_killed_parameter_server_stops_the_job_which_resumes_from_its_checkpoint(
+        jobs, tmp_path):
+    every = ["--set", "train.checkpoint_steps=5"]
+    code, output = _kill_during_epoch_2(tmp_path, "ps", 0, *every)
     assert code != 0
     assert re.search(r"parameter server 0 at 127\.0\.0\.1:\d+ failed to answer (push|ready|pull) "
-                     r"\(it stopped or hangs; the job can resume from its last backup\)",
+                     r"\(it stopped or hangs; with checkpoints, run the job again to resume\)",
                      output), output[-4000:]
     assert "[launch] ps 0 was killed by SIGKILL (signal 9)" in output
     assert not list(tmp_path.glob("*/summary.json"))
+    # The same command again: the server takes its newest checkpoint, the workers go on at its
+    # step, and the run ends with the weights of the run never stopped.
+    output = _run(_command(tmp_path, *every)).stdout
+    assert re.search(r"\[ps 0\] parameter server 0: serving .* resumed from its checkpoint of "
+                     r"update [1-9]\d*", output), output[-4000:]
+    summary, weights = _summary_and_weights(tmp_path)
+    assert summary["resumed_from_step"] % 5 == 0 and summary["resumed_from_step"] > 0
+    for a, b in zip(jobs["sync"][1], weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert not (tmp_path / "backup").exists()  # the servers' checkpoints end with the job
 
 
 def test_the_ps_engine_has_no_collectives_between_workers():

@@ -89,6 +89,8 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         ```
     """
 
+    built: bool  # set by Keras
+
     def __init__(self, learning_rate=0.001, cluster: Cluster | None = None,
                  poll_seconds: float = 0.002, connect_timeout: float = 300.0,
                  call_timeout: float = 600.0, compressor=None,
@@ -104,6 +106,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         self.call_timeout = check_number("call_timeout", call_timeout, 0, low_open=True)
         self._clients: list = []
         self.report: dict | None = None
+        self.start_step = 0  # steps this worker had pushed before this process (a restart)
 
     @property
     def cluster(self) -> Cluster:
@@ -150,12 +153,15 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                              for p, address in enumerate(self.cluster.ps)]
             self._pull(var_list)  # start from the servers' weights
             self._wait_for_all_workers()
+            # A worker started again (or a job resumed from the servers' checkpoints) goes on
+            # where the servers say it is; a fresh one is at 0.
+            worker = tf.constant(self.worker, tf.int64)
+            self.start_step = min(int(self._call(p, "clock", [worker], SCALAR))
+                                  for p in range(len(self._clients)))
+            self.iterations.assign(self.start_step)
 
     def apply(self, grads, trainable_variables=None):
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
-            self.built = True
+        self.join(trainable_variables)
         variables = list(trainable_variables or self._trainable_variables)
         grads = [tf.zeros_like(v) if g is None else dense_gradient(g, v)
                  for g, v in zip(grads, variables)]
@@ -173,6 +179,16 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         self._count("bytes_pushed", self._push_bytes)
         self._count("pushes", 1)
         self.iterations.assign_add(1)
+
+    def join(self, variables) -> int:
+        """Builds the optimizer for `variables` now (connects to the servers, takes their
+        weights, waits for the other workers) and returns `start_step`: the steps this worker
+        had already pushed, where its data and `fit` go on (`tfdist.callbacks.StartAt`)."""
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+            self.built = True
+        return self.start_step
 
     def _encode(self, i: int, grad, variable) -> list:
         """What the push carries for variable i: its gradient, or its compressed payload."""
@@ -193,7 +209,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         _, message = status.get_error()
         check = tf.debugging.Assert(ok, [
             f"tfdist: parameter server {p} at {self.cluster.ps[p]} failed to answer "
-            f"{method} (it stopped or hangs; the job can resume from its last backup):",
+            f"{method} (it stopped or hangs; with checkpoints, run the job again to resume):",
             message])
         self._count("calls", 1)
         with tf.control_dependencies([check]):

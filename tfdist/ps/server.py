@@ -10,6 +10,7 @@ from inside their traced train steps (see `ParameterServerOptimizer`). It offers
   together, as it does with collectives, so a late worker's start-up is nobody's training time;
 * `ready(worker)`: whether the worker may pull and go on (the consistency rule below);
 * `pull(worker)`: the version and the shard's weights;
+* `clock(worker)`: the pushes taken from the worker: where a worker that starts again resumes;
 * `finish(worker)`, `stats()`, `release()`: the end of a worker, the counters, the end of the job.
 
 `staleness` is the one knob:
@@ -36,8 +37,12 @@ Adafactor's factored moments, weight-decay exclusions by name) need `flat=False`
 
 The staleness of each applied gradient (versions applied between the worker's pull and its
 push) is counted in a histogram. A worker silent for `worker_timeout` seconds is declared lost
-and the others go on without it (it is taken back if it speaks again); the server ends when
-every worker has finished or is lost.
+and the others go on without it (it is taken back if it speaks again, and a worker started
+again resumes at its clock); the server ends when every worker has finished or is lost.
+
+With `checkpoint_dir`, the server writes its shard, optimizer state and counters every
+`checkpoint_every` updates (`tfdist.ps.checkpoint`); `serve` resumes from them. A checkpoint
+that cannot be written stops the server with the reason (the previous one stays intact).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.compression import Compressor
+from tfdist.ps import checkpoint
 from tfdist.ps.cluster import Cluster, nbytes, shard_of
 from tfdist.ps.codec import MIN_SIZE, codecs_for, decode, push_specs
 
@@ -83,6 +89,8 @@ class ParameterServer:
         delay_compensation: DC-ASGD's lambda (>= 0), or None; not with staleness 0.
         compressor: The `tfdist.compression` compressor the workers compress their pushes
             with (`tfdist.ps.codec`), or None.
+        checkpoint_dir: Where to write checkpoints (`tfdist.ps.checkpoint`), or None.
+        checkpoint_every: Updates between two checkpoints (>= 1), with `checkpoint_dir`.
     """
 
     def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
@@ -90,7 +98,8 @@ class ParameterServer:
                  flat: bool = True, scale_lr_by_staleness: bool = False,
                  delay_compensation: float | None = None,
                  compressor: Compressor | None = None, min_compress_size: int = MIN_SIZE,
-                 compress_1d: bool = False):
+                 compress_1d: bool = False, checkpoint_dir: str | None = None,
+                 checkpoint_every: int | None = None):
         self.variables = list(variables)
         if not self.variables:
             raise ValueError(f"Parameter server {index} holds no variables: use fewer "
@@ -137,6 +146,11 @@ class ParameterServer:
         self._histogram = np.zeros(BUCKETS, np.int64)
         self._released = False
         self._server = None
+        self.checkpoint_dir = None if checkpoint_dir is None else str(checkpoint_dir)
+        self.checkpoint_every = (None if checkpoint_dir is None else
+                                 check_int("checkpoint_every", checkpoint_every, 1))
+        self.resumed_from: int | None = None
+        self._failure: BaseException | None = None  # a checkpoint that could not be written
 
     # -- what the workers call (through the RPC functions of `start`) ----------------------------
     def push(self, worker: int, based_on: int, lr: float, parts: list[np.ndarray]) -> int:
@@ -194,6 +208,11 @@ class ParameterServer:
             self._touch(worker)
             self._check_lost()
             return all(i in self._joined or i in self._lost for i in range(self.num_workers))
+
+    def clock(self, worker: int) -> int:
+        with self._lock:
+            self._touch(worker)
+            return self._clock[worker]
 
     def finish(self, worker: int) -> int:
         with self._lock:
@@ -254,6 +273,8 @@ class ParameterServer:
         # called from one can wait for a free thread forever while the others wait for the lock.
         self.optimizer.apply([tf.convert_to_tensor(g) for g in grads], self._targets)
         self.version += 1
+        if self.checkpoint_every and self.version % self.checkpoint_every == 0:
+            self._save()
 
     def _compensate(self, grads: list[np.ndarray], pulled: list[np.ndarray]) -> list[np.ndarray]:
         """DC-ASGD: g + lambda * g * g * (w_now - w_pulled), in the targets' layout."""
@@ -278,6 +299,54 @@ class ParameterServer:
                 for variable, value in zip(self.variables, self.values()):
                     variable.assign(value)
 
+    # -- checkpoints (under the lock) ------------------------------------------------------------
+    def _meta(self) -> dict:
+        return {"index": self.index, "num_workers": self.num_workers, "flat": self.flat,
+                "shapes": [list(s) for s in self._shapes],
+                "optimizer": [list(v.shape) for v in self.optimizer.variables]}
+
+    def _save(self) -> None:
+        arrays = {f"target_{i}": t.numpy() for i, t in enumerate(self._targets)}
+        arrays |= {f"optimizer_{i}": np.asarray(v.numpy())
+                   for i, v in enumerate(self.optimizer.variables)}
+        arrays |= {"clock": np.array(self._clock, np.int64), "histogram": self._histogram,
+                   "counters": np.array([self.version, self.pushes, self.bytes_received,
+                                         self.bytes_sent], np.int64)}
+        assert self.checkpoint_dir is not None
+        try:
+            checkpoint.save(self.checkpoint_dir, self.index, self.version, arrays, self._meta())
+        except OSError as e:
+            self._failure = OSError(
+                e.errno, f"Parameter server {self.index} could not write its checkpoint of "
+                f"update {self.version} to {self.checkpoint_dir} ({e.strerror or e}); it stops "
+                "so no progress is lost unnoticed. Its last complete checkpoint is intact: free "
+                "space (or choose another directory) and run the job again to resume.")
+            raise self._failure from e
+
+    def restore(self, step: int) -> None:
+        """Takes this server's checkpoint of `step` from `checkpoint_dir` (before serving)."""
+        assert self.checkpoint_dir is not None
+        arrays, meta = checkpoint.load(self.checkpoint_dir, self.index, step)
+        mine = self._meta()
+        for key, what in (("num_workers", "workers"), ("shapes", "variables' shapes"),
+                          ("flat", "layout"), ("optimizer", "optimizer variables")):
+            if meta[key] != mine[key]:
+                raise ValueError(
+                    f"Parameter server {self.index}: the checkpoint of step {step} in "
+                    f"{self.checkpoint_dir} was written for other {what} ({meta[key]}; here "
+                    f"{mine[key]}). Resume with the same model, optimizer and number of "
+                    "workers, or remove the directory to start afresh.")
+        with self._lock:
+            for i, target in enumerate(self._targets):
+                target.assign(arrays[f"target_{i}"])
+            for i, variable in enumerate(self.optimizer.variables):
+                variable.assign(arrays[f"optimizer_{i}"])
+            self._clock = [int(c) for c in arrays["clock"]]
+            self._histogram = arrays["histogram"].astype(np.int64)
+            self.version, self.pushes, self.bytes_received, self.bytes_sent = (
+                int(c) for c in arrays["counters"])
+            self.resumed_from = step
+
     def _count(self, stale: int) -> None:
         self._histogram[min(max(stale, 0), BUCKETS - 1)] += 1
 
@@ -296,6 +365,7 @@ class ParameterServer:
             "ready": (lambda w: self.ready(int(w)), worker, tf.TensorSpec([], tf.bool)),
             "pull": (lambda w: self.pull(int(w)), worker, [scalar, *values]),
             "started": (lambda w: self.started(int(w)), worker, tf.TensorSpec([], tf.bool)),
+            "clock": (lambda w: self.clock(int(w)), worker, scalar),
             "finish": (lambda w: self.finish(int(w)), worker, scalar),
             "stats": (self.stats, [], tf.TensorSpec([STATS_LEN], tf.int64)),
             "release": (self.release, [], scalar),
@@ -316,13 +386,17 @@ class ParameterServer:
         size = sum(nbytes(v) for v in self.variables)
         rule = {0: "synchronous", None: "asynchronous"}.get(
             self.staleness, f"bounded staleness {self.staleness}")
+        resumed = ("" if self.resumed_from is None else
+                   f", resumed from its checkpoint of update {self.resumed_from}")
         print(f"parameter server {self.index}: serving {len(self.variables)} variables "
-              f"({size / 2**20:.2f} MiB) to {self.num_workers} workers at {address}, {rule}",
-              flush=True)
+              f"({size / 2**20:.2f} MiB) to {self.num_workers} workers at {address}, "
+              f"{rule}{resumed}", flush=True)
         done_since: float | None = None
         while True:
             time.sleep(poll_seconds)
             with self._lock:
+                if self._failure is not None:
+                    raise self._failure
                 self._check_lost()
                 self._apply_round()
                 done = not self._training()
@@ -339,7 +413,9 @@ class ParameterServer:
               f"{report['staleness_max']}; workers lost {report['workers_lost']}", flush=True)
         if not self._finished:
             raise RuntimeError(f"Parameter server {self.index}: every worker was lost before "
-                               "finishing; the job can resume from its last backup.")
+                               "finishing; the job can resume from its last checkpoint.")
+        if self.checkpoint_dir is not None:
+            checkpoint.remove(self.checkpoint_dir, self.index)
         return report
 
     def report(self) -> dict:
@@ -388,7 +464,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
           cluster: Cluster | None = None, worker_timeout: float = 120.0,
           scale_lr_by_staleness: bool = False, delay_compensation: float | None = None,
           compressor: Compressor | None = None,
-          min_compress_size: int = MIN_SIZE, compress_1d: bool = False) -> dict:
+          min_compress_size: int = MIN_SIZE, compress_1d: bool = False,
+          checkpoint_dir: str | None = None, checkpoint_every: int | None = None) -> dict:
     """Runs this task as its parameter server until the job ends; returns its report.
 
     Args:
@@ -402,6 +479,9 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         delay_compensation: DC-ASGD's lambda for stale gradients, or None.
         compressor: The compressor of the workers' pushes (the same as theirs), or None;
             `min_compress_size` and `compress_1d` as theirs.
+        checkpoint_dir: A directory every ps task shares: the servers checkpoint there every
+            `checkpoint_every` updates and resume from the newest step they all completed
+            (removed when the job ends normally). None: no checkpoints.
     """
     cluster = Cluster.from_tf_config() if cluster is None else cluster
     if not cluster.is_ps:
@@ -416,6 +496,11 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
                              worker_timeout=worker_timeout, index=cluster.task_index,
                              scale_lr_by_staleness=scale_lr_by_staleness,
                              delay_compensation=delay_compensation, compressor=compressor,
-                             min_compress_size=min_compress_size, compress_1d=compress_1d)
+                             min_compress_size=min_compress_size, compress_1d=compress_1d,
+                             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+    if checkpoint_dir is not None:
+        step = checkpoint.common_step(str(checkpoint_dir), len(cluster.ps))
+        if step is not None:
+            server.restore(step)
     port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
     return server.serve(f"0.0.0.0:{port}")

@@ -321,7 +321,6 @@ def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         ("averaging.period", c["averaging"]["period"] is not None),
         ("optimizer.zero_stage", opt["zero_stage"] is not None),
         ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
-        ("train.checkpoint_steps", bool(train["checkpoint_steps"])),
         ("train.resize_policy", train["resize_policy"] is not None)) if on]
     errors = []
     if extras:
@@ -329,8 +328,7 @@ def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                       f"or compressed) to the servers; {', '.join(extras)} do(es) not combine "
                       "with it: use a compressor the servers can decompress alone (not auto or "
                       "randomk), and leave averaging.period null, optimizer.zero_stage null, "
-                      "optimizer.accumulation_steps 1, train.checkpoint_steps and "
-                      "train.resize_policy null")
+                      "optimizer.accumulation_steps 1 and train.resize_policy null")
     if c["engine"]["delay_compensation"] is not None and c["engine"]["staleness"] == 0:
         errors.append("engine.delay_compensation: corrects stale gradients; with "
                       "engine.staleness 0 there are none: set engine.staleness >= 1 or null")

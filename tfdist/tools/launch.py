@@ -21,8 +21,10 @@ is the first failure's (or 0). Every local process runs in its own process group
 
 Parameter servers (`--ps P`): the first P tasks are "ps" tasks in TF_CONFIG, the others
 "worker" tasks (with `--workers N`, N + P local processes; with hosts, the first P slots). A
-worker that fails does not stop the others (the servers go on without it); the exit code is the
-first parameter server's failure, else the chief's (worker 0).
+worker that fails does not stop the others: it is started again with the same task (at most
+`--max-restarts` restarts in all, default 3) and resumes at the step the servers hold for it, so
+its share of the data is trained on; past that, the servers go on without it. The exit code is
+the first parameter server's failure, else the chief's (worker 0).
 
 Elastic (`--elastic --workers N [--min-workers A] [--max-restarts R]`): when workers fail (a
 crash, a kill, the OOM killer), the launcher stops the others and starts the job again on the
@@ -142,9 +144,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float,
-                  echo: bool = False, stop_on_failure: bool = True,
+                  echo: bool = False, stop_on_failure: bool | frozenset[int] = True,
                   on_line: Callable[[int, str], None] | None = None,
-                  labels: list[str] | None = None) -> list[WorkerResult]:
+                  labels: list[str] | None = None,
+                  restartable: frozenset[int] = frozenset(), max_restarts: int = 0
+                  ) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
     Args:
@@ -152,42 +156,61 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         timeout: Seconds before every process still running is killed.
         echo: Stream output with a `[worker i]` prefix.
         stop_on_failure: Stop the others (after a 10 s grace for their own error reports)
-            when one exits non-zero.
+            when one exits non-zero (and is not started again); or the processes whose
+            failure does so (e.g. the parameter servers).
         on_line: Called with (rank, line) for every line a process writes, as it comes.
         labels: The echo prefix of each process (default `worker i`).
+        restartable: Processes started again (the same command) when they fail, at most
+            `max_restarts` times in all; their result is their last run's.
     """
     procs: list[subprocess.Popen] = []
-    sinks: list[list[str]] = []
+    sinks: list[list[str]] = [[] for _ in commands]
     threads = []
     stopped: set[int] = set()
     ended: dict[int, float] = {}
+    restarts = 0
+
+    def start(rank: int) -> subprocess.Popen:
+        argv, env = commands[rank]
+        try:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except (FileNotFoundError, PermissionError) as e:
+            raise CommandNotFound(e.errno, f"cannot run {argv[0]!r}: {e.strerror}") from None
+        label = labels[rank] if labels else f"worker {rank}"
+        t = threading.Thread(target=_pump, args=(proc, rank, sinks[rank], echo, on_line, label),
+                             daemon=True)
+        t.start()
+        threads.append(t)
+        return proc
+
     try:
-        for rank, (argv, env) in enumerate(commands):
-            try:
-                proc = subprocess.Popen(
-                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )
-            except (FileNotFoundError, PermissionError) as e:
-                raise CommandNotFound(e.errno, f"cannot run {argv[0]!r}: {e.strerror}") from None
-            procs.append(proc)
-            sinks.append([])
-            label = labels[rank] if labels else f"worker {rank}"
-            t = threading.Thread(target=_pump,
-                                 args=(proc, rank, sinks[-1], echo, on_line, label), daemon=True)
-            t.start()
-            threads.append(t)
+        for rank in range(len(commands)):
+            procs.append(start(rank))
         deadline = time.monotonic() + timeout
         failed_at = None
+        critical = (stop_on_failure if isinstance(stop_on_failure, frozenset) else
+                    frozenset(range(len(procs)) if stop_on_failure else ()))
         while time.monotonic() < deadline:
             codes = [p.poll() for p in procs]
+            if failed_at is None and any(codes[i] not in (None, 0) for i in critical):
+                failed_at = time.monotonic()  # nothing is started again from now on
             for i, c in enumerate(codes):
-                if c is not None:
+                if c not in (None, 0) and i in restartable and restarts < max_restarts \
+                        and failed_at is None:
+                    restarts += 1
+                    label = labels[i] if labels else f"worker {i}"
+                    print(f"[launch] {label} {WorkerResult(i, c, '').describe()}; starting it "
+                          f"again (restart {restarts} of {max_restarts})", file=sys.stderr,
+                          flush=True)
+                    procs[i] = start(i)
+                    codes[i] = None
+                if codes[i] is not None:
                     ended.setdefault(i, time.monotonic())
             if all(c is not None for c in codes):
                 break
-            if stop_on_failure and failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > 10:
                 break
             time.sleep(0.1)
@@ -455,7 +478,8 @@ def _parser() -> argparse.ArgumentParser:
     elastic.add_argument("--max-workers", type=int, help="elastic: most workers a resize policy "
                          "may grow to (default: --workers)")
     elastic.add_argument("--max-restarts", type=int, default=3,
-                         help="elastic: restarts before giving up (default 3)")
+                         help="elastic, or --ps: restarts before giving up (default 3); with "
+                              "--ps a failed worker is started again and resumes")
     hvd = p.add_argument_group("Horovod (horovodrun)")
     hvd.add_argument("--horovod", action="store_true", help="launch with horovodrun")
     hvd.add_argument("-np", "--np", type=int, help="number of Horovod ranks")
@@ -483,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                              "--horovod or --elastic")
         if args.ps < 0:
             raise ValueError(f"--ps must be >= 0. Received: {args.ps}")
+        if args.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be >= 0. Received: {args.max_restarts}")
         if args.horovod:
             if args.workers is not None:
                 raise ValueError("--workers is for TF_CONFIG workers; with --horovod give -np")
@@ -524,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
               [f"worker {i}" for i in range(len(commands) - args.ps)]) if args.ps else None
     try:
         results = run_processes(commands, args.timeout, echo=True, labels=labels,
-                                stop_on_failure=not args.ps)
+                                stop_on_failure=frozenset(range(args.ps)) if args.ps else True,
+                                restartable=frozenset(range(args.ps, len(commands))),
+                                max_restarts=args.max_restarts if args.ps else 0)
     except CommandNotFound as e:
         print(f"[launch] {e.strerror}", file=sys.stderr)
         return 127

@@ -39,6 +39,7 @@ from tfdist.callbacks import (
     ElasticResize,
     LearningRateWarmup,
     ScalarLog,
+    StartAt,
     StepTimer,
 )
 from tfdist.comm import DistributeEngine, Engine, LocalEngine, ring_bytes
@@ -53,6 +54,7 @@ from tfdist.data import (
 from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.ps import FinishCallback, ParameterServerEngine, ParameterServerOptimizer, serve
+from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
@@ -441,6 +443,21 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         if warmup:
             callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
     elif job.name == "parameter_server":
+        # Joins the servers now: a worker started again, or a job resumed from the servers'
+        # checkpoints, goes on at the step the servers hold for this worker.
+        start = optimizer.join(model.trainable_variables)
+        directory = _ps_checkpoints(config)
+        own = (WorkerCheckpoint(directory, config["train"]["checkpoint_steps"], job.rank)
+               if directory else None)
+        if own is not None:
+            own.set_model(model)
+            callbacks.append(own)
+        if start:
+            callbacks.append(StartAt(start, steps))
+            restored = own is not None and own.restore(start)
+            print(f"worker {job.rank}: resuming at step {start} (the parameter servers' count "
+                  f"of its pushes); {'its' if restored else 'no'} checkpoint of the model's "
+                  "non-trainable variables there", flush=True)
         dataset = shard_batches(batches(), job.rank, job.world_size)
         callbacks.append(finish := FinishCallback(
             log_dir=str(run_dir / TENSORBOARD) if job.is_chief else None))
@@ -471,6 +488,9 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     test_accuracy = accuracy(model, data.test_batches())
     total_steps = steps * config["train"]["epochs"]
+    # A parameter-server worker's counters start with this process (the servers held the
+    # rest): per-step figures are over the steps it ran.
+    counted_steps = total_steps - start if job.name == "parameter_server" else total_steps
     params = int(model.count_params())
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     dense_per_step = ring_bytes("all_reduce", 4 * trainable, job.world_size) / accumulation
@@ -492,11 +512,11 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "steps": total_steps,
         "parameters": params,
         "bytes_sent_total": bytes_sent,
-        "bytes_sent_per_step": bytes_sent / total_steps,
+        "bytes_sent_per_step": bytes_sent / max(counted_steps, 1),
         "bytes_counted": counted,
         "communication_rounds": rounds,
         # Collective calls per training step (= per gradient exchange when synchronous).
-        "collectives_per_step": calls / total_steps,
+        "collectives_per_step": calls / max(counted_steps, 1),
         "averaging_period": (optimizer.averaging_period
                              if getattr(optimizer, "averaging", None) is not None else None),
         "trainable_parameters": trainable,
@@ -504,7 +524,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "compressor": compression.serialize(getattr(optimizer, "compressor", None)),
         "auto": _auto_report(optimizer),
         "dense_bytes_per_step": dense_per_step,
-        "bytes_ratio_vs_dense": (bytes_sent / total_steps / dense_per_step
+        "bytes_ratio_vs_dense": (bytes_sent / max(counted_steps, 1) / dense_per_step
                                  if dense_per_step else None),
         "optimizer_state_bytes": (_state_bytes(optimizer)
                                   if counted and job.name != "parameter_server" else {}),
@@ -517,7 +537,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         # Global batches the run resumed after (train.checkpoint_steps), or None; the
         # examples trained on in each epoch, all workers, across restarts.
         "resumed_from_step": (backup.restored["consumed"]
-                              if backup is not None and backup.restored else None),
+                              if backup is not None and backup.restored else
+                              start or None if job.name == "parameter_server" else None),
         "examples_per_epoch": [b * micro_batch for b in (
             backup.batches_per_epoch if backup is not None else counter.batches_per_epoch)],
         "model_path": str(run_dir / MODEL) if model_path is not None else None,
@@ -526,8 +547,9 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "config": config,
     }
     files.finish(summary)
-    if backup is not None and job.is_chief:
-        (backup_dir := Path(backup.directory)).joinpath(RUN_FILE).unlink(missing_ok=True)
+    if config["train"]["checkpoint_steps"] and job.is_chief:
+        (backup_dir := Path(config["train"]["output_dir"]) / BACKUP).joinpath(
+            RUN_FILE).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             backup_dir.rmdir()  # the last process out removes it
     if job.is_chief:
@@ -546,6 +568,7 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     model = make_model(config, load_data(config))
     opt_cfg = config["optimizer"]
     scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
+    every = config["train"]["checkpoint_steps"]
     report = serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
                    staleness=config["engine"]["staleness"], cluster=cluster,
                    worker_timeout=config["engine"]["worker_timeout"],
@@ -553,10 +576,21 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
                    delay_compensation=config["engine"]["delay_compensation"],
                    compressor=make_compressor(config["compression"]),
                    min_compress_size=config["compression"]["min_size"],
-                   compress_1d=config["compression"]["compress_1d"])
+                   compress_1d=config["compression"]["compress_1d"],
+                   checkpoint_dir=_ps_checkpoints(config), checkpoint_every=every)
+    if every:  # the last task out removes train.output_dir/backup
+        with contextlib.suppress(OSError):
+            (Path(config["train"]["output_dir"]) / BACKUP).rmdir()
     keras.config.set_dtype_policy("float32")
     return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
             **report}
+
+
+def _ps_checkpoints(config: dict[str, Any]) -> str | None:
+    """Where a parameter-server job's tasks checkpoint (train.checkpoint_steps), or None."""
+    if not config["train"]["checkpoint_steps"]:
+        return None
+    return str(Path(config["train"]["output_dir"]) / BACKUP / "ps")
 
 
 def _auto_report(optimizer) -> dict[str, Any] | None:
@@ -575,6 +609,8 @@ def _backup(config: dict[str, Any], run_dir: Path, job: Job):
     if job.is_chief:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / RUN_FILE).write_text(str(run_dir))
+    if job.name == "parameter_server":  # the servers checkpoint (`_serve`); workers resume there
+        return None, 0
     # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
     backup = BackupAndRestore(directory, save_freq=every,
                               elastic=os.environ.get("TFDIST_ELASTIC") == "1")

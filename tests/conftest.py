@@ -66,3 +66,16 @@ def small_filesystem(tmp_path):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_keras_per_module():
+    """Drop each test module's Keras graphs and traced functions when the module ends. Without
+    this, later modules trace next to every earlier model and the suite slows by minutes."""
+    yield
+    import gc
+
+    import keras
+
+    keras.backend.clear_session()
+    gc.collect()

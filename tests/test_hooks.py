@@ -203,3 +203,18 @@ def test_set_initial_epoch_makes_fit_start_there():
               callbacks=[keras.callbacks.LambdaCallback(
                   on_epoch_begin=lambda epoch, logs: epochs.append(epoch))])
     assert epochs == [0, 1]
+
+
+def test_central_variable_unwraps_a_central_storage_variable():
+    from tests.workers.common import cpu_devices
+
+    strategy = tf.distribute.experimental.CentralStorageStrategy(cpu_devices(2), "/cpu:0")
+    with strategy.scope():
+        variable = keras.Variable([1.0, 2.0])
+    assert type(variable.value).__name__ == "AggregatingVariable"
+    inner = distribute_hooks.central_variable(variable)
+    assert type(inner).__name__ != "AggregatingVariable" and isinstance(inner, tf.Variable)
+    inner.assign_sub([1.0, 1.0])  # the one copy: the wrapper reads it
+    assert variable.numpy().tolist() == [0.0, 1.0]
+    plain = tf.Variable(1.0)
+    assert distribute_hooks.central_variable(plain) is plain

@@ -8,6 +8,8 @@
   new strategy. `fresh_collective_keys()` (installed when tfdist is imported) makes the
   attribute give every new MirroredStrategy a base of its own. Multi-worker strategies keep
   theirs: their keys must agree across processes.
+* Central variables. `central_variable` unwraps a CentralStorageStrategy variable (its
+  private `_v`) so that Hogwild replicas can update it without aggregation.
 * Merge calls. `uses_merge_call` asks TF's semi-private `tf.__internal__` whether the current
   strategy needs `merge_call` for cross-replica work (MirroredStrategy does, the multi-worker
   collective strategy does not); Keras asks the same.
@@ -55,3 +57,15 @@ def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.
 def uses_merge_call() -> bool:
     """Whether the current strategy needs `merge_call` for cross-replica work."""
     return not tf.__internal__.distribute.strategy_supports_no_merge_call()
+
+
+def central_variable(variable):
+    """The one `tf.Variable` behind a variable a `CentralStorageStrategy` created (its
+    `AggregatingVariable` wraps it as `_v`); any other variable as it is. Replicas update it
+    directly, which `AggregatingVariable` refuses in a replica context."""
+    value = variable if isinstance(variable, tf.Variable) else variable.value  # keras.Variable
+    inner = getattr(value, "_v", None)
+    if inner is None and type(value).__name__ == "AggregatingVariable":
+        raise RuntimeError("tf.distribute's AggregatingVariable has no `_v` any more: "
+                           "tfdist's Hogwild optimizer needs an update for this TensorFlow.")
+    return value if inner is None else inner

@@ -7,13 +7,17 @@ asynchronous, on TensorFlow's own RPC runtime.
   optimizer state and applies the workers' gradients (`ParameterServer`).
 * `ParameterServerOptimizer` + `FinishCallback`: a worker's `fit` pushes gradients and pulls
   weights inside its train step.
+* `HogwildStrategy` + `HogwildSGD`: replicas on one host's devices update shared weights
+  without locks (Hogwild).
 * `ParameterServerEngine`: the task's role as a `tfdist.comm.Engine` (registered by name).
 """
 
 from tfdist.ps.cluster import Cluster, assign_shards, shard_of
 from tfdist.ps.engine import ParameterServerEngine
+from tfdist.ps.hogwild import HogwildSGD, HogwildStrategy
 from tfdist.ps.optimizer import FinishCallback, ParameterServerOptimizer
 from tfdist.ps.server import ParameterServer, serve, staleness_report
 
-__all__ = ["Cluster", "FinishCallback", "ParameterServer", "ParameterServerEngine",
-           "ParameterServerOptimizer", "assign_shards", "serve", "shard_of", "staleness_report"]
+__all__ = ["Cluster", "FinishCallback", "HogwildSGD", "HogwildStrategy", "ParameterServer",
+           "ParameterServerEngine", "ParameterServerOptimizer", "assign_shards", "serve",
+           "shard_of", "staleness_report"]

@@ -178,6 +178,8 @@ def _print_summary(s: dict) -> None:
     ps = s.get("parameter_server")
     if ps:
         comp = "none (gradients pushed to the parameter servers)"
+    if s.get("hogwild"):
+        comp = "none (each replica's gradient written to the shared weights)"
     print(f"compression       {comp}")
     if ps:
         bound = s["config"]["engine"]["staleness"]
@@ -185,6 +187,11 @@ def _print_summary(s: dict) -> None:
         print(f"parameter server  {rule}; {ps['version']} updates from {ps['pushes']} pushes; "
               f"staleness mean {ps['staleness_mean']:.2f}, max {ps['staleness_max']}; "
               f"workers lost {ps['workers_lost']}")
+    hogwild = s.get("hogwild")
+    if hogwild:
+        print(f"hogwild           {s['world_size']} replicas updating shared weights without "
+              f"locks; {hogwild['version']} updates; staleness mean "
+              f"{hogwild['staleness_mean']:.2f}, max {hogwild['staleness_max']}")
     opt = s["config"]["optimizer"]
     state = ", ".join(f"{'disk' if device.startswith('disk:') else device.split('/')[-1]}: {n:,}"
                       for device, n in s["optimizer_state_bytes"].items())

@@ -74,7 +74,7 @@ def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
 # keras_multi_worker: the baseline tfdist is measured against, Keras' own gradient all-reduce
 # under tf.distribute's multi-worker strategy (with only the keras#20585 fix), no tfdist optimizer.
 ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod",
-           "parameter_server")
+           "parameter_server", "hogwild")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -270,7 +270,7 @@ def _show(value: Any) -> str:
 def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     errors = []
     engine, data = c["engine"], c["data"]
-    if engine["name"] == "mirrored" and data["global_batch_size"] % engine["devices"]:
+    if engine["name"] in ("mirrored", "hogwild") and data["global_batch_size"] % engine["devices"]:
         errors.append(
             f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
             f"engine.devices ({engine['devices']}): use a multiple of {engine['devices']}")
@@ -296,6 +296,8 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                       "train.checkpoint_steps too")
     if engine["name"] == "parameter_server":
         errors += _parameter_server_checks(c)
+    if engine["name"] == "hogwild":
+        errors += _hogwild_checks(c)
     if engine["name"] == "keras_multi_worker":
         extras = [name for name, on in (
             ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
@@ -336,6 +338,28 @@ def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("train.precision: 'mixed_float16' needs loss scaling, which "
                       "parameter-server training does not do; use float32 or mixed_bfloat16")
     return errors
+
+
+def _hogwild_checks(c: dict[str, dict[str, Any]]) -> list[str]:
+    """Hogwild is plain SGD, each replica updating the shared weights alone."""
+    comp, opt, train = c["compression"], c["optimizer"], c["train"]
+    extras = [name for name, on in (
+        ("optimizer.name other than sgd", opt["name"] != "sgd"),
+        ("optimizer.momentum", bool(opt["momentum"])),
+        ("optimizer.weight_decay", bool(opt["weight_decay"])),
+        ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
+        ("averaging.period", c["averaging"]["period"] is not None),
+        ("optimizer.zero_stage", opt["zero_stage"] is not None),
+        ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
+        ("train.checkpoint_steps", bool(train["checkpoint_steps"])),
+        ("train.resize_policy", train["resize_policy"] is not None),
+        ("train.precision: mixed_float16", train["precision"] == "mixed_float16")) if on]
+    if not extras:
+        return []
+    return [f"engine.name: 'hogwild' is plain SGD whose replicas update shared weights without "
+            f"locks; {', '.join(extras)} do(es) not combine with it: use optimizer.name sgd "
+            "with momentum 0 and weight_decay 0, no compression, averaging, ZeRO, accumulation, "
+            "checkpoints or resize policy, and float32 or mixed_bfloat16"]
 
 
 def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:

@@ -53,13 +53,21 @@ from tfdist.data import (
 )
 from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
-from tfdist.ps import FinishCallback, ParameterServerEngine, ParameterServerOptimizer, serve
+from tfdist.ps import (
+    FinishCallback,
+    HogwildSGD,
+    HogwildStrategy,
+    ParameterServerEngine,
+    ParameterServerOptimizer,
+    serve,
+)
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
 
 SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
+ASYNCHRONOUS = ("parameter_server", "hogwild")  # engines whose optimizers push, not all-reduce
 BACKUP, RUN_FILE = "backup", "run"  # train.output_dir/backup/run: the run being backed up
 
 
@@ -105,6 +113,9 @@ def make_job(config: dict[str, Any]) -> Job:
             return Job(name, None, ParameterServerEngine())
         except ValueError as e:
             raise ConfigError(f"engine.name is 'parameter_server': {e}") from None
+    if name == "hogwild":
+        strategy = HogwildStrategy(local_devices(config["engine"]["devices"]))
+        return Job(name, strategy, DistributeEngine(strategy))
     if name == "mirrored":
         devices = local_devices(config["engine"]["devices"])
         strategy = tfdist.strategies.new_mirrored_strategy(devices)
@@ -306,6 +317,8 @@ def _wrap(job: Job, inner, config: dict):
                                         compressor=make_compressor(config["compression"]),
                                         min_compress_size=config["compression"]["min_size"],
                                         compress_1d=config["compression"]["compress_1d"])
+    if job.name == "hogwild":
+        return HogwildSGD(float(inner.learning_rate))
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"])
@@ -417,7 +430,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         model = make_model(config, data)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
-                      **({"jit_compile": False} if job.name == "parameter_server" else {}))
+                      **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
+                         else {}))
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
 
@@ -472,7 +486,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     timer, counter = StepTimer(), BatchCounter()
     callbacks += [timer, counter]
     counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
-    if counted and job.name != "parameter_server":
+    if counted and job.name not in ASYNCHRONOUS:  # they count their pushes themselves
         callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
@@ -527,9 +541,11 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "bytes_ratio_vs_dense": (bytes_sent / max(counted_steps, 1) / dense_per_step
                                  if dense_per_step else None),
         "optimizer_state_bytes": (_state_bytes(optimizer)
-                                  if counted and job.name != "parameter_server" else {}),
+                                  if counted and job.name not in ASYNCHRONOUS else {}),
         # The parameter servers' counters, seen from the chief at the end (staleness).
         "parameter_server": finish.report if job.name == "parameter_server" else None,
+        # Hogwild: updates applied and their staleness (other replicas' updates before it).
+        "hogwild": optimizer.report() if job.name == "hogwild" else None,
         "train_seconds": round(train_seconds, 2),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),

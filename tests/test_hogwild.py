@@ -99,6 +99,11 @@ def test_tfdist_train_runs_hogwild_from_its_config_and_reports_the_staleness(tmp
     assert hogwild["staleness_histogram"] == {0: summary["steps"], 1: summary["steps"]}
     assert summary["test_accuracy"] >= 0.85, summary["test_accuracy"]
     assert summary["bytes_sent_per_step"] == 2 * summary["gradient_bytes_per_round"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = tmp_path.glob("*/tensorboard/hogwild")  # as the parameter servers write it
+    board = EventAccumulator(str(events)).Reload()
+    assert board.Scalars("staleness_max")[0].value == hogwild["staleness_max"] == 1
 
 
 @pytest.mark.parametrize("override, message", [

@@ -346,9 +346,15 @@ class FinishCallback(keras.callbacks.Callback):
                             f"tfdist.ps.ParameterServerOptimizer; got {type(optimizer).__name__}.")
         self.report = optimizer.finish(self.chief)
         if self.report and self.log_dir:
-            writer = ScalarWriter(f"{self.log_dir}/parameter_server")
-            step = self.report["version"]
-            writer.write({key: self.report[key] for key in (
-                "staleness_mean", "staleness_max", "version", "workers_lost")}, step)
-            writer.histogram("staleness", self.report["staleness_histogram"], step)
-            writer.close()
+            write_report(f"{self.log_dir}/parameter_server", self.report)
+
+
+def write_report(log_dir: str, report: dict) -> None:
+    """Writes a staleness report (`staleness_report`'s keys) to TensorBoard under `log_dir`:
+    the staleness mean and max, the updates, the workers lost, and the staleness histogram."""
+    writer = ScalarWriter(log_dir)
+    step = report["version"]
+    writer.write({key: report[key] for key in (
+        "staleness_mean", "staleness_max", "version", "workers_lost")}, step)
+    writer.histogram("staleness", report["staleness_histogram"], step)
+    writer.close()

@@ -62,6 +62,7 @@ from tfdist.ps import (
     serve,
 )
 from tfdist.ps.checkpoint import WorkerCheckpoint
+from tfdist.ps.optimizer import write_report
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ZeroOptimizer
@@ -500,6 +501,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                         verbose=_verbosity(config, job, progress), callbacks=callbacks)
     train_seconds = time.time() - started
 
+    if job.name == "hogwild" and job.is_chief:
+        write_report(str(run_dir / TENSORBOARD / "hogwild"), optimizer.report())
     test_accuracy = accuracy(model, data.test_batches())
     total_steps = steps * config["train"]["epochs"]
     # A parameter-server worker's counters start with this process (the servers held the

@@ -59,7 +59,7 @@ def test_defaults_fill_missing_keys():
     ({"averaging": {"period": 1, "topology": "ring", "outer": {"name": "sma"}}},
      "averaging: Ring gossip averages with neighbours only"),
     ({"averaging": {"period": 2, "topology": "star"}}, "averaging.topology: got 'star'"),
-    ({"optimizer": {"zero_stage": 3}}, "optimizer.zero_stage: got 3; must be one of"),
+    ({"optimizer": {"zero_stage": 4}}, "optimizer.zero_stage: got 4; must be one of"),
     ({"optimizer": {"offload": "disk"}}, "optimizer.offload: needs optimizer.zero_stage"),
     ({"optimizer": {"zero_stage": 1, "offload": "gpu"}}, "optimizer.offload: got 'gpu'"),
     ({"optimizer": {"zero_stage": 1, "offload_dir": "/tmp"}}, "only for optimizer.offload: disk"),

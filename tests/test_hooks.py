@@ -12,6 +12,7 @@ from tfdist._hooks import distribute as distribute_hooks
 from tfdist._hooks import optimizer as _keras_hooks
 from tfdist._hooks import profiler as profiler_hooks
 from tfdist._hooks import training as training_hooks
+from tfdist._hooks import variables as variable_hooks
 from tfdist.comm import DistributeEngine
 from tfdist.strategies import new_mirrored_strategy
 
@@ -218,3 +219,33 @@ def test_central_variable_unwraps_a_central_storage_variable():
     assert variable.numpy().tolist() == [0.0, 1.0]
     plain = tf.Variable(1.0)
     assert distribute_hooks.central_variable(plain) is plain
+
+
+def test_released_variables_read_through_a_stateless_scope_or_their_initializer():
+    """ZeRO stage 3: a Keras variable without `_value` reads its `_initializer` outside a
+    StatelessScope and the mapped value inside; its layer's own variables and the model's
+    nested layers come from `_trainable_variables` and `_flatten_layers`; Keras' symbolic
+    shape inference runs in a SymbolicScope."""
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")], name="inner")
+    model = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dense(1, name="e")])
+    names = [layer.name for layer in variable_hooks.nested_layers(model)]
+    assert [n for n in names if not n.startswith("input_layer")] == ["inner", "d", "e"]
+    dense = model.get_layer("inner").get_layer("d")
+    assert variable_hooks.own_trainable_variables(dense) == [dense.kernel, dense.bias]
+    assert variable_hooks.own_trainable_variables(inner) == []
+    kernel = dense.kernel
+    variable_hooks.release_storage(kernel, lambda shape, dtype=None: tf.fill(shape, 5.0))
+    assert not variable_hooks.holds_storage(kernel)
+    assert float(tf.reduce_max(tf.convert_to_tensor(kernel))) == 5.0
+    with keras.StatelessScope([(kernel, tf.ones((3, 2)))]):
+        assert float(tf.reduce_sum(dense(tf.ones((1, 3))))) == 6.0
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append(variable_hooks.in_shape_inference())
+            return x
+
+    keras.Sequential([keras.Input((3,)), Probe()])
+    Probe()(tf.ones((1, 3)))
+    assert seen == [True, False]

@@ -37,6 +37,16 @@ def _reference(mirrored, steps=6, accumulation_steps=1, optimizer="sgd"):
     return common.weights(model)
 
 
+def _run_two(engine, argv):
+    """Runs `argv` as 2 Horovod ranks or 2 TF_CONFIG workers; both must succeed."""
+    if engine == "horovod":
+        result = run_horovod(argv, 2, TIMEOUT, env=worker_env())
+        assert result.returncode == 0, result.output[-5000:]
+    else:
+        results = run_tf_workers(argv, 2, TIMEOUT, env=worker_env())
+        assert [r.returncode for r in results] == [0, 0], _outputs(results)
+
+
 def _check_ranks(out, reference, params):
     w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)  # identical on both workers
@@ -322,6 +332,22 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, 
         + ring_bytes("all_gather", 4 * shard, 2)))
 
 
+@pytest.mark.parametrize("engine", [
+    "multi_worker", pytest.param("horovod", marks=[needs_horovod, pytest.mark.horovod])])
+def test_zero3_on_two_processes_matches_adam(mirrored, worker_cmd, tmp_path, engine):
+    """ZeRO stage 3 (ShardedModel + ZeroOptimizer(Adam, stage=3)) over 2 TF_CONFIG workers or
+    2 Horovod ranks: each process holds half of every layer's parameters and Adam's state; 20
+    steps equal plain Adam under MirroredStrategy (the weights gathered on both processes)."""
+    command = [*worker_cmd, "--engine", engine, "--out", str(tmp_path), "--optimizer", "adam",
+               "--steps", "20", "--zero", "3"]
+    _run_two(engine, command)
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
+                                rtol=1e-5, atol=1e-6)
+    assert json.loads((tmp_path / "rank0.json").read_text())["rounds"] == 20
+
+
 @pytest.mark.parametrize(("engine", "offload"), [
     ("multi_worker", None),
     pytest.param("horovod", None, marks=[needs_horovod, pytest.mark.horovod]),
@@ -340,12 +366,7 @@ def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, 
     argv = [*worker_cmd, "--engine", engine, "--out", str(tmp_path), "--optimizer", "adam",
             "--steps", "10", "--zero", "2", "--checkpoint", str(ckpt),
             *(["--offload", offload] if offload else [])]
-    if engine == "horovod":
-        result = run_horovod(argv, 2, TIMEOUT, env=worker_env())
-        assert result.returncode == 0, result.output[-5000:]
-    else:
-        results = run_tf_workers(argv, 2, TIMEOUT, env=worker_env())
-        assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _run_two(engine, argv)
     w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=10, optimizer="adam"),

@@ -59,14 +59,18 @@ OPTIMIZERS = {
         keras.optimizers.SGD(0.05, momentum=0.9), local_sgd=tfdist.averaging.PeriodicSchedule(4)),
     "zero2": lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=2,
                                           accumulation_steps=2),
+    "zero3": lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-2), stage=3,
+                                          accumulation_steps=2),  # on a ShardedModel
 }
 
 
 def _run(strategy, optimizer, directory=None, crash=None, save_freq=4, hidden=(32,)):
     x, y = common.load_digits()
     with strategy.scope():
-        model = common.make_model(hidden=hidden)
-        model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+        model, optimizer = common.make_model(hidden=hidden), optimizer()
+        if getattr(optimizer, "stage", None) == 3:
+            model = tfdist.zero.ShardedModel(model)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
     callbacks, start = [], 0
     if directory is not None:

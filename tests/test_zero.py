@@ -246,8 +246,8 @@ def test_tf_train_checkpoint_is_consolidated_and_reshards(mirrored, tmp_path):
 
 
 def test_bad_arguments_say_what_and_how_to_fix():
-    with pytest.raises(ValueError, match="stage=3"):
-        ZeroOptimizer(keras.optimizers.Adam(), stage=3)
+    with pytest.raises(ValueError, match="stage=4"):
+        ZeroOptimizer(keras.optimizers.Adam(), stage=4)
     with pytest.raises(ValueError, match="Lamb"):
         ZeroOptimizer(keras.optimizers.Lamb())
     with pytest.raises(ValueError, match="clipnorm=1.0"):

@@ -41,6 +41,8 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         thvd.init()
         model = make_model(hidden)
         zero_stage = wrapper_kwargs.pop("zero_stage", 0)
+        if zero_stage == 3:
+            model = tfdist.zero.ShardedModel(model)
         offload = wrapper_kwargs.pop("offload", None)
         if zero_stage:
             opt = tfdist.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
@@ -62,6 +64,8 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
     offload = wrapper_kwargs.pop("offload", None)
     with strategy.scope():
         model = make_model(hidden)
+        if zero_stage == 3:
+            model = tfdist.zero.ShardedModel(model)
         opt = make_inner_optimizer(optimizer)
         if zero_stage:
             opt = tfdist.ZeroOptimizer(opt, stage=zero_stage, offload=offload,

@@ -314,7 +314,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if len(groups["metrics"]) != len(saved["metrics"]) or not same:
             groups["metrics"] = []  # not built yet (no strategy), or another world: restart
         # ZeRO shards: restored (re-sharded for this world) from the checkpoint.
-        sharded = {id(v) for v in getattr(optimizer, "sharded_variables", list)()}
+        sharded = {id(v) for holder in (self.model, optimizer)  # (a ShardedModel's too)
+                   for v in getattr(holder, "sharded_variables", list)()}
         self._checkpoint().read(os.path.join(path, STATE)).expect_partial()
         files = [os.path.join(self.directory, f"process-{j}", f"{PREFIX}{step}", COPIES)
                  for j in range(writers)] if not same else [os.path.join(path, COPIES)]

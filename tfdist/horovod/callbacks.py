@@ -30,7 +30,8 @@ def verify_same_job(callback: keras.callbacks.Callback) -> None:
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):
-    """At the start of training, copies `root_rank`'s model and optimizer state to every rank.
+    """At the start of training, copies `root_rank`'s model and optimizer state to every rank
+    (except ZeRO's shards, which are each rank's own).
 
     It first builds the optimizer (so its state exists and a resumed optimizer is broadcast too)
     and checks that every rank has the same model and the same `fit` (steps per epoch, epochs),
@@ -55,6 +56,9 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
         optimizer = model.optimizer
         verify_same_job(self)
         variables = list(model.variables) + (list(optimizer.variables) if optimizer else [])
+        own = {id(v) for holder in (model, optimizer)  # ZeRO: each rank's own shards stay
+               for v in getattr(holder, "sharded_variables", list)()}
+        variables = [v for v in variables if id(v) not in own]
         values = comm.broadcast([tf.convert_to_tensor(v) for v in variables], root=self.root_rank)
         for var, value in zip(variables, values):
             var.assign(value)

@@ -136,7 +136,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
         "scale_lr_by_workers": Field(False, (bool,), "true or false"),
         "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0, most=10**6),
-        "zero_stage": _choice((None, 1, 2), None),
+        "zero_stage": _choice((None, 1, 2, 3), None),
         "offload": _choice((None, "cpu", "disk"), None),
         "offload_dir": _text("an existing directory, or null (a temporary one)", None,
                              nullable=True),
@@ -367,7 +367,7 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     if opt["zero_stage"] is None:
         for key in ("offload", "offload_dir"):
             if opt[key] is not None:
-                errors.append(f"optimizer.{key}: needs optimizer.zero_stage (1 or 2)")
+                errors.append(f"optimizer.{key}: needs optimizer.zero_stage (1, 2 or 3)")
         return errors
     if c["compression"]["name"] != "none" or c["averaging"]["period"] is not None:
         errors.append("optimizer.zero_stage: ZeRO shards the exchange itself, so it does not "

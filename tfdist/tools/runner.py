@@ -65,7 +65,7 @@ from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import write_report
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
-from tfdist.zero import Offload, ZeroOptimizer
+from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
 
 SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
 ASYNCHRONOUS = ("parameter_server", "hogwild")  # engines whose optimizers push, not all-reduce
@@ -429,6 +429,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
     with scope:
         model = make_model(config, data)
+        if opt_cfg["zero_stage"] == 3:  # the parameters sharded too
+            model = ShardedModel(model)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
                       **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
@@ -509,7 +511,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     # rest): per-step figures are over the steps it ran.
     counted_steps = total_steps - start if job.name == "parameter_server" else total_steps
     params = int(model.count_params())
-    trainable = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    unsharded = model.wrapped() if isinstance(model, ShardedModel) else model
+    trainable = int(sum(np.prod(v.shape) for v in unsharded.trainable_weights))
     dense_per_step = ring_bytes("all_reduce", 4 * trainable, job.world_size) / accumulation
     if counted:
         bytes_sent, rounds = optimizer.bytes_sent, optimizer.communication_rounds
@@ -517,6 +520,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     else:  # Keras' own all-reduce sends what a dense ring all-reduce sends (not counted)
         bytes_sent, rounds = dense_per_step * total_steps, total_steps
         calls = total_steps if job.world_size > 1 else 0  # one batched all-reduce per step
+    if isinstance(model, ShardedModel):  # model.keras holds the unsharded model (no optimizer)
+        model = model.load_into(make_model(config, data))
     model_path = files.save_model(model) if config["train"]["save_model"] else None
     summary = {
         "engine": job.name,

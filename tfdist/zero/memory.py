@@ -27,7 +27,8 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
     a `ZeroOptimizer` or a plain Keras optimizer), read from where each copy was placed.
 
     Kinds: "optimizer_state" (the inner optimizer's per-element state: momentum, Adam moments),
-    "param_shard" (ZeroOptimizer's flat fp32 parameter shard), "gradient_buffers" (accumulators)
+    "param_shard" (ZeroOptimizer's flat fp32 parameter shard; at stage 3 the model's
+    parameters themselves), "gradient_buffers" (accumulators)
     and "other" (counters, scalars).
 
     Offloaded state (`ZeroOptimizer(offload=...)`) is reported under "host" (offload="cpu":
@@ -35,7 +36,10 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
     """
     kinds = _kinds(optimizer)
     report: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
-    for var in optimizer.variables:
+    parameters = getattr(optimizer, "parameter_shard", None)  # stage 3: the model's shard
+    if parameters is not None:
+        kinds[id(parameters)] = "param_shard"
+    for var in [*optimizer.variables, *([] if parameters is None else [parameters])]:
         kind = kinds.get(id(var), "other")
         for copy in replica_copies(var):
             report[copy.device][kind] += int(copy.shape.num_elements()) * copy.dtype.size

@@ -1,4 +1,5 @@
-"""`ZeroOptimizer`: sharded optimizer state (ZeRO stages 1 and 2) for Keras 3 `model.fit`.
+"""`ZeroOptimizer`: sharded optimizer state (ZeRO stages 1 and 2) and parameters (stage 3, with
+`tfdist.zero.ShardedModel`) for Keras 3 `model.fit`.
 
 Every trainable parameter goes into one flat vector split into N equal shards (`ShardPlan`).
 The inner Keras optimizer is built on a flat variable of one shard's size, so each replica keeps
@@ -13,6 +14,10 @@ and updates the optimizer state of its own shard only. A step:
 Bytes on the wire per step: reduce-scatter (N-1)/N x 4P plus all-gather (N-1) x 4 ceil(P/N),
 i.e. a dense all-reduce's 2 (N-1)/N x 4P (plus padding), as in the ZeRO paper.
 
+Stage 3 trains a `ShardedModel`, whose backward pass already reduce-scattered each layer's
+gradients: the step is 2 only (plus one all-reduce of a non-finite flag), on the model's own
+parameter shard, with no all-gather (the next forward pass gathers each layer as it runs).
+
 Checkpoints hold the consolidated (unsharded) state, so they load with any number of replicas,
 on any engine. In a multi-process job (TF_CONFIG workers, Horovod ranks) a process holds only its
 own shards: saving all-gathers the others', so every process saves, as Keras' multi-worker
@@ -21,7 +26,6 @@ saving expects (`tfdist.callbacks.ModelCheckpoint` does it and writes one file).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import keras
@@ -35,16 +39,14 @@ from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
 from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
+from tfdist.zero import gather
 from tfdist.zero.offload import Offload, OffloadedState
 from tfdist.zero.plan import ShardPlan
 
 # Keras optimizers whose update is element-wise, so a flat shard updates like the whole.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam",
                "Ftrl", "Lion")
-STAGES = (1, 2)
-# How long a save waits for the other processes to join the gather of their shards.
-SAVE_TIMEOUT_ENV = "TFDIST_ZERO_SAVE_TIMEOUT"
-SAVE_TIMEOUT_SECONDS = 600.0
+STAGES = (1, 2, 3)
 
 
 def _check_inner(inner) -> None:
@@ -77,7 +79,12 @@ class ZeroExchange(Part):
         self.zero = zero
 
     def step(self, ctx, grads, next) -> None:
-        self.zero.apply_shard(ctx, *self.zero.reduce_scatter_checked(ctx.comm, grads))
+        if self.zero.stage == 3:  # already reduce-scattered, layer by layer, in the backward
+            mine = tf.cast(tf.logical_not(all_finite(grads)), tf.float32)
+            (count,) = ctx.comm.all_reduce([mine], "sum")
+            self.zero.apply_shard(ctx, grads[0], count, mine)
+        else:
+            self.zero.apply_shard(ctx, *self.zero.reduce_scatter_checked(ctx.comm, grads))
 
 
 class ShardedAccumulation(Accumulation):
@@ -121,15 +128,17 @@ class ShardedAccumulation(Accumulation):
 
 @keras.saving.register_keras_serializable(package="tfdist")
 class ZeroOptimizer(DistributedOptimizer):
-    """Shards the inner optimizer's state (stage 1) and gradients (stage 2) over replicas.
+    """Shards the inner optimizer's state (stage 1), gradients (stage 2) and parameters
+    (stage 3, training a `tfdist.zero.ShardedModel`) over replicas.
 
     Use it like `tfdist.DistributedOptimizer`, on any engine: under MirroredStrategy or
     `tfdist.MultiWorkerMirroredStrategy`, or under horovodrun after `tfdist.horovod.init()`.
 
     Args:
         inner_optimizer: A Keras optimizer with an element-wise update (see `ELEMENTWISE`).
-        stage: 1 (optimizer state sharded) or 2 (gradients too: reduce-scattered at every
-            micro-step, accumulated as one shard). Defaults to 1.
+        stage: 1 (optimizer state sharded), 2 (gradients too: reduce-scattered at every
+            micro-step, accumulated as one shard) or 3 (parameters too: the model must be a
+            `tfdist.zero.ShardedModel`). Defaults to 1.
         accumulation_steps: Micro-steps per optimizer step. Defaults to 1.
         offload: None (state on the devices), "cpu" (state and update in host memory), "disk"
             (state in memory-mapped files, streamed through host memory in chunks) or a
@@ -164,8 +173,8 @@ class ZeroOptimizer(DistributedOptimizer):
                              "mixed_bfloat16 (dtype policy is mixed_float16).")
         parts: list[Part] = [ZeroExchange(self)]
         if accumulation_steps > 1:
-            parts.append(Accumulation(accumulation_steps) if stage == 1
-                         else ShardedAccumulation(self, accumulation_steps))
+            parts.append(ShardedAccumulation(self, accumulation_steps) if stage == 2
+                         else Accumulation(accumulation_steps))  # stage 3: already shards
         super().__init__(inner_optimizer, *parts, loss_scale=None, verify_model=verify_model,
                          nan_policy=nan_policy, engine=engine, name=name)
         self.stage = stage
@@ -180,31 +189,52 @@ class ZeroOptimizer(DistributedOptimizer):
         if self.chain.engine is None:
             self.chain.engine = resolve()
         engine = self.chain.engine
-        self.plan = ShardPlan([v.shape for v in var_list], engine.world_size)
+        self.plan = self._plan(var_list, engine)
         size = self.plan.shard_size
         # Counters, then the sharded variables last: a deferred tf.train.Checkpoint restore
         # matches variables by position as they are created, and the sharded ones are hidden.
         self._skipped = self.add_variable(shape=(), dtype="int64", initializer="zeros",
                                           aggregation="none", name="nonfinite_steps_skipped")
         self.chain.build(self, var_list)
-        self._shard = None
+        self._shard = self.parameter_shard = None
         self.offloaded = None
-        if self.offload is None:
+        if self.stage == 3:
+            # The model's own parameter shard (untracked: it is not this optimizer's variable).
+            object.__setattr__(self, "parameter_shard", var_list[0])
+            if self.offload is None:
+                object.__setattr__(self, "_shard", var_list[0])
+            else:
+                self.offloaded = OffloadedState(self.offload, self.inner_optimizer, size,
+                                                len(engine.local_devices), _host(engine))
+        elif self.offload is None:
             self._shard = self.add_variable(shape=(size,), dtype="float32", aggregation="none",
                                             initializer="zeros", name="zero_param_shard")
         else:
-            devices = engine.local_devices
-            host = tf.DeviceSpec.from_string(devices[0]).replace(
-                device_type="CPU", device_index=0).to_string()
             self.offloaded = OffloadedState(self.offload, self.inner_optimizer, size,
-                                            len(devices), host)
-        if self.verify_model and tf.executing_eagerly():
+                                            len(engine.local_devices), _host(engine))
+        # (stage 3's replicas hold different shards of one model: nothing to compare)
+        if self.verify_model and tf.executing_eagerly() and self.stage < 3:
             engine.verify_same_model(var_list)
         # The state exists for one shard only (offloaded: off the device, the inner optimizer
         # keeps its step counter and learning rate).
         self.inner_optimizer.build([] if self._shard is None else [self._shard])
         self._hook_inner_checkpoints()
         keras.optimizers.Optimizer.build(self, var_list)
+
+    def _plan(self, var_list, engine):
+        if self.stage < 3:
+            return ShardPlan([v.shape for v in var_list], engine.world_size)
+        plans = [getattr(v, "_tfdist_zero3_plan", None) for v in var_list]
+        if len(var_list) != 1 or plans[0] is None:
+            raise ValueError("ZeroOptimizer(stage=3) trains a tfdist.zero.ShardedModel (whose "
+                             "parameters are sharded): wrap the model, "
+                             "`model = tfdist.zero.ShardedModel(model)`, under the strategy's "
+                             f"scope. Received {len(var_list)} unsharded variables.")
+        if plans[0].world_size != engine.world_size:
+            raise ValueError(f"The ShardedModel was sharded over {plans[0].world_size} replicas "
+                             f"and this optimizer runs on {engine.world_size}: create both "
+                             "under the same strategy.")
+        return plans[0]
 
     @property
     def accumulators(self) -> list:
@@ -217,9 +247,9 @@ class ZeroOptimizer(DistributedOptimizer):
         """Variables holding one shard per replica: the parameter shard, the inner optimizer's
         per-element state and (stage 2) the gradient shard."""
         size = self.plan.shard_size
-        out = [] if self._shard is None else [self._shard]
+        out = [] if self._shard is None or self.stage == 3 else [self._shard]
         out += [v for v in self.inner_optimizer.variables if tuple(v.shape) == (size,)]
-        if self.stage == 2:
+        if self.stage >= 2:
             out += self.accumulators
         return out
 
@@ -247,6 +277,9 @@ class ZeroOptimizer(DistributedOptimizer):
         variables, comm = ctx.variables, ctx.comm
 
         def update(grad_shard, mine):
+            if self.stage == 3:
+                self._update_parameter_shard(comm, variables[0], grad_shard)
+                return
             own = self.plan.shard(self.plan.flatten([tf.convert_to_tensor(v) for v in variables]),
                                   comm.rank)
             if self.offloaded is not None:
@@ -271,6 +304,17 @@ class ZeroOptimizer(DistributedOptimizer):
         comm.cond(tf.equal(nonfinite, 0.0), update, reject, args=[grad_shard, mine])
         ctx.traffic.add_round()
 
+    def _update_parameter_shard(self, comm, shard, grad_shard) -> None:
+        """Stage 3: the update of the model's own parameter shard; nothing to gather."""
+        inner = self.inner_optimizer
+        if self.offloaded is None:
+            inner.apply([grad_shard], [shard])
+            return
+        updated = self.offloaded.update(comm.rank, inner.iterations, inner.learning_rate,
+                                        grad_shard, tf.convert_to_tensor(shard))
+        inner.iterations.assign_add(1)
+        shard.assign(updated)
+
     # -- checkpoints: consolidated, re-sharded on load -------------------------------------------
     # Keras saves the wrapper's own variables and, as a separate object, the inner optimizer's;
     # both go through `_save` / `_load`, so sharded state is consolidated wherever it lives.
@@ -278,8 +322,12 @@ class ZeroOptimizer(DistributedOptimizer):
         inner = self.inner_optimizer
         # tf.train.Checkpoint: the sharded variables leave the wrapper's and the inner
         # optimizer's object graphs and come back as one consolidated entry.
-        hide_from_checkpoints(self, self.sharded_variables)
-        hide_from_checkpoints(inner, self.sharded_variables)
+        def hidden():  # (stage 3: with the model's parameter shard, which the model saves)
+            return self.sharded_variables() + (
+                [] if self.parameter_shard is None else [self.parameter_shard])
+
+        hide_from_checkpoints(self, hidden)
+        hide_from_checkpoints(inner, hidden)
         self.zero_state = ComputedCheckpointEntry(self._save_consolidated,
                                                   self._load_consolidated)
         replace_method(inner, "save_own_variables", self._save_inner)
@@ -329,40 +377,13 @@ class ZeroOptimizer(DistributedOptimizer):
                 state.set_slot(r, item, shard)
 
     # -- every replica's shard, wherever it lives ------------------------------------------------
-    def _ranks_here(self, held: int) -> list[int]:
-        """The global ranks of the `held` replicas of this process, in local order."""
-        if held == self.plan.world_size:
-            return list(range(held))
-        return self.engine.local_ranks()
-
     def _consolidate(self, shards: list) -> np.ndarray:
-        """The length-P value of a sharded variable from this process's `shards`. In a multi-
-        process job the other processes' shards are all-gathered: a collective, so every process
-        must be saving (a process that waits longer than $TFDIST_ZERO_SAVE_TIMEOUT seconds for
-        the others says so)."""
-        shards = [np.asarray(s, np.float32) for s in shards]
-        if len(shards) == self.plan.world_size:
-            return self.plan.consolidate(shards)
-        first = min(self._ranks_here(len(shards)))
-        local = tf.constant(np.stack(shards))
-
-        def gather(comm):  # this replica's shard, gathered from every replica in rank order
-            return comm.all_gather(tf.gather(local, tf.cast(comm.rank, tf.int32) - first))
-
-        seconds = _save_timeout()
-        try:
-            full = self.engine.run(gather, timeout=seconds)
-        except TimeoutError:
-            raise RuntimeError(
-                f"ZeroOptimizer: saving gathers every process's shard of the optimizer state, "
-                f"and the other processes did not join within {seconds:g} s. Save on every "
-                "process (pass tfdist.callbacks.ModelCheckpoint to fit on every rank: it writes "
-                f"one file), not on rank 0 alone; ${SAVE_TIMEOUT_ENV} sets this wait.") from None
-        return np.asarray(full)[:self.plan.total]
+        """The length-P value of a sharded variable from this process's `shards` (a collective
+        in a multi-process job: every process must be saving)."""
+        return gather.consolidate(self.plan, self.engine, shards)
 
     def _local_shards(self, value, held: int) -> list:
-        shards = self.plan.split(value)
-        return [shards[r] for r in self._ranks_here(held)]
+        return gather.local_shards(self.plan, self.engine, value, held)
 
     @staticmethod
     def _check_count(store, variables) -> None:
@@ -380,7 +401,7 @@ class ZeroOptimizer(DistributedOptimizer):
     def _save_consolidated(self) -> dict:
         store: dict = {}
         self._save_inner(store)
-        if self.stage == 2 and self.accumulators:
+        if self.stage >= 2 and self.accumulators:
             gradient: dict = {}
             self._save(self.accumulators, gradient)
             store.update({self._GRADIENT_SHARD + k: v for k, v in gradient.items()})
@@ -389,7 +410,7 @@ class ZeroOptimizer(DistributedOptimizer):
     def _load_consolidated(self, store: dict) -> None:
         prefix = self._GRADIENT_SHARD
         self._load_inner({k: v for k, v in store.items() if not k.startswith(prefix)})
-        if self.stage == 2 and self.accumulators:
+        if self.stage >= 2 and self.accumulators:
             self._load(self.accumulators,
                        {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)})
 
@@ -404,7 +425,7 @@ class ZeroOptimizer(DistributedOptimizer):
         self._load(self._checkpointed(), store)
 
     def _checkpointed(self) -> list:
-        return [v for v in self._variables if v is not self._shard]
+        return [v for v in self._variables if v is not self._shard]  # stage 3: the model's
 
     def _save(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
@@ -452,10 +473,7 @@ class ZeroOptimizer(DistributedOptimizer):
         return cls(inner, **config)
 
 
-def _save_timeout() -> float:
-    value = os.environ.get(SAVE_TIMEOUT_ENV)
-    try:
-        return float(value) if value else SAVE_TIMEOUT_SECONDS
-    except ValueError:
-        raise ValueError(f"${SAVE_TIMEOUT_ENV} must be a number of seconds; got {value!r}") \
-            from None
+def _host(engine) -> str:
+    """The host CPU of this process's first device (where offloaded state is updated)."""
+    return tf.DeviceSpec.from_string(engine.local_devices[0]).replace(
+        device_type="CPU", device_index=0).to_string()

@@ -1,4 +1,5 @@
-"""`ShardPlan`: every trainable parameter in one flat vector, split into N equal shards.
+"""`ShardPlan`: every trainable parameter in one flat vector, split into N equal shards
+(`LayerShardPlan`: the same per layer, for ZeRO stage 3).
 
 Tensors are sliced, not handed whole to ranks, so the shards balance to within one element:
 with P parameters and N replicas every shard holds S = ceil(P / N) elements, the last one
@@ -64,4 +65,54 @@ class ShardPlan:
             raise ValueError(f"Expected {self.total} values to shard; got {full.size}.")
         padded = np.concatenate([full, np.zeros(self.padding, full.dtype)])
         return [padded[r * self.shard_size:(r + 1) * self.shard_size]
+                for r in range(self.world_size)]
+
+
+class LayerShardPlan:
+    """ZeRO stage 3's layout: each layer's parameters sharded on their own (a `ShardPlan` per
+    layer), so one layer can be all-gathered at a time. Replica r holds shard r of every layer,
+    concatenated: `shard_size` = sum over layers of ceil(P_l / N).
+
+    `consolidate` and `split` speak of the length-P vector of all parameters in layer order,
+    as `ShardPlan`'s do, so checkpoint code serves both layouts.
+
+    Args:
+        groups: Each layer's parameter shapes, in order.
+        world_size: Number of shards (replicas).
+    """
+
+    def __init__(self, groups: Sequence[Sequence], world_size: int):
+        self.layers = [ShardPlan(shapes, world_size) for shapes in groups]
+        self.world_size = world_size
+        self.total = sum(p.total for p in self.layers)
+        self.shard_size = sum(p.shard_size for p in self.layers)
+        self.padding = self.shard_size * world_size - self.total
+        self.offsets = np.cumsum([0] + [p.shard_size for p in self.layers])[:-1].tolist()
+
+    def layer_shard(self, shard, index: int) -> tf.Tensor:
+        """Layer `index`'s part of a replica's shard."""
+        start = self.offsets[index]
+        return shard[start:start + self.layers[index].shard_size]
+
+    @property
+    def largest_layer(self) -> int:
+        """Elements of the largest all-gathered layer (padding included)."""
+        return max((p.shard_size * self.world_size for p in self.layers), default=0)
+
+    def consolidate(self, shards: Sequence[np.ndarray]) -> np.ndarray:
+        if len(shards) != self.world_size:
+            raise ValueError(f"Need all {self.world_size} shards to consolidate; got {len(shards)}.")
+        shards = [np.asarray(s).reshape(-1) for s in shards]
+        return np.concatenate([np.zeros(0, np.float32)] + [
+            plan.consolidate([s[start:start + plan.shard_size] for s in shards])
+            for plan, start in zip(self.layers, self.offsets)])
+
+    def split(self, full: np.ndarray) -> list[np.ndarray]:
+        full = np.asarray(full).reshape(-1)
+        if full.size != self.total:
+            raise ValueError(f"Expected {self.total} values to shard; got {full.size}.")
+        bounds = np.cumsum([0] + [p.total for p in self.layers])
+        per_layer = [plan.split(full[a:b]) for plan, a, b in
+                     zip(self.layers, bounds[:-1], bounds[1:])]
+        return [np.concatenate([np.zeros(0, full.dtype)] + [parts[r] for parts in per_layer])
                 for r in range(self.world_size)]

@@ -85,8 +85,10 @@ def memory(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.6))
     n = [r["replicas"] for r in rows]
     for key, label in (("baseline", "DistributedOptimizer (whole state)"),
-                       ("zero1", "ZeRO stage 1"), ("zero2", "ZeRO stage 2")):
-        ax.plot(n, [r[key] / 2**20 for r in rows], marker="o", label=label)
+                       ("zero1", "ZeRO stage 1"), ("zero2", "ZeRO stage 2"),
+                       ("zero3", "ZeRO stage 3 (parameters included)")):
+        if all(key in r for r in rows):
+            ax.plot(n, [r[key] / 2**20 for r in rows], marker="o", label=label)
     ax.plot(n, [r["formula_zero2"] / 2**20 for r in rows], ls=":", color="grey",
             label="formula, stage 2: 4(K+2)⌈P/N⌉")
     ax.set(xscale="log", xticks=n, xlabel="replicas N", ylabel="MiB per replica",

@@ -9,8 +9,9 @@ relative to synchronous training on as many devices.
 Suite "memory": Adam on the engines suite's MLP under MirroredStrategy over N = 1, 2, 4, 8
 devices, with 2 accumulation steps so gradient buffers are variables: bytes each replica holds
 for optimizer state + parameter shard + gradient buffers, read from the devices the variables'
-copies sit on, for tfdist.DistributedOptimizer (baseline), ZeroOptimizer stage 1 and stage 2,
-next to the ZeRO formulas (fp32, K = 2 slots).
+copies sit on, for tfdist.DistributedOptimizer (baseline), ZeroOptimizer stages 1, 2 and 3
+(stage 3 on a ShardedModel), next to the ZeRO formulas (fp32, K = 2 slots), and the totals with
+the model's own parameters.
 
 Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
 devices) once dense and once per compressor config in configs/, in one process: bytes each
@@ -314,7 +315,7 @@ def _memory_rows() -> list[dict]:
     from tfdist.devices import local_devices
     from tfdist.strategies import new_mirrored_strategy
     from tfdist.tools.models import build_model
-    from tfdist.zero import memory_report
+    from tfdist.zero import ShardedModel, memory_report
 
     devices = local_devices(max(MEMORY_DEVICES))
     rows = []
@@ -326,11 +327,18 @@ def _memory_rows() -> list[dict]:
                 ("zero1", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=1,
                                                 accumulation_steps=2)),
                 ("zero2", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=2,
+                                                accumulation_steps=2)),
+                ("zero3", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=3,
                                                 accumulation_steps=2))):
             strategy = new_mirrored_strategy(devices[:n])
             with strategy.scope():
                 keras.utils.set_random_seed(0)
                 model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
+                row["parameters"] = int(model.count_params())
+                if name == "zero3":  # the parameters themselves sharded
+                    model = ShardedModel(model)
+                    row["shard_zero3"] = model.plan.shard_size
+                    row["largest_layer"] = 4 * model.plan.largest_layer
                 optimizer = make()
                 optimizer.build(model.trainable_variables)
             per_device = list(memory_report(optimizer).values())
@@ -338,25 +346,37 @@ def _memory_rows() -> list[dict]:
                      for d in per_device}
             assert len(sizes) == 1, f"replicas hold different amounts: {sizes}"
             row[name] = sizes.pop()
-            row["parameters"] = int(model.count_params())
         p, shard = row["parameters"], -(-row["parameters"] // n)
         row["formula_zero1"] = 4 * (2 + 1) * shard + 4 * p  # Adam K=2, fp32 shard, full grads
         row["formula_zero2"] = 4 * (2 + 2) * shard
+        # stage 3: parameters, K slots and the gradient buffer, each S = sum_l ceil(P_l / N)
+        row["formula_zero3"] = 4 * (2 + 2) * row["shard_zero3"]
         print(f"bench: [{MEMORY_DEVICES.index(n) + 1}/{len(MEMORY_DEVICES)}] N={n}: "
               f"baseline {row['baseline']:,} B, ZeRO-1 {row['zero1']:,} B, "
-              f"ZeRO-2 {row['zero2']:,} B per replica", flush=True)
+              f"ZeRO-2 {row['zero2']:,} B, ZeRO-3 {row['zero3']:,} B per replica", flush=True)
         rows.append(row)
     return rows
 
 
 def _memory_table(rows: list[dict]) -> str:
-    lines = ["| N | baseline bytes/replica | ZeRO-1 | ZeRO-2 | formula ZeRO-1: 4(K+1)⌈P/N⌉ + 4P | "
-             "formula ZeRO-2: 4(K+2)⌈P/N⌉ | ZeRO-2 vs baseline |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    """Two tables: the optimizer's bytes (state, parameter shard, gradient buffers) per
+    replica against the formulas, and the totals with the model's own parameters (4P on every
+    replica but at stage 3, whose parameter shard is the model's)."""
+    lines = ["| N | baseline bytes/replica | ZeRO-1 | ZeRO-2 | ZeRO-3 | formula ZeRO-1: "
+             "4(K+1)⌈P/N⌉ + 4P | formula ZeRO-2: 4(K+2)⌈P/N⌉ | formula ZeRO-3: 4(K+2) Σ⌈P_l/N⌉ |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['replicas']} | {r['baseline']:,} | {r['zero1']:,} | {r['zero2']:,} | "
-                     f"{r['formula_zero1']:,} | {r['formula_zero2']:,} | "
-                     f"{r['zero2'] / r['baseline']:.3f} |")
+                     f"{r['zero3']:,} | {r['formula_zero1']:,} | {r['formula_zero2']:,} | "
+                     f"{r['formula_zero3']:,} |")
+    lines += ["", "| N | baseline + model parameters | ZeRO-2 + model parameters | ZeRO-3 "
+              "(parameters included) | ZeRO-3 vs baseline | largest gathered layer "
+              "(transient) |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        model = 4 * r["parameters"]
+        lines.append(f"| {r['replicas']} | {r['baseline'] + model:,} | {r['zero2'] + model:,} | "
+                     f"{r['zero3']:,} | {r['zero3'] / (r['baseline'] + model):.3f} | "
+                     f"{r['largest_layer']:,} |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@
 * `Communicator` (`base.py`): the collectives an engine offers inside a train step, counting
   the bytes each worker sends and the collective calls; `fused_all_reduce` /
   `fused_all_gather` pack many tensors into one call, `bucketed_all_reduce` into one call per
-  bucket, last tensors first (overlap with the backward pass).
+  bucket, last tensors first (overlap with the backward pass); `sparse_all_reduce` sums an
+  embedding's row gradients by all-gathering the rows each worker holds.
 """
 
 from tfdist.comm.base import (
@@ -17,6 +18,7 @@ from tfdist.comm.base import (
     fused_all_gather,
     fused_all_reduce,
     ring_bytes,
+    sparse_all_reduce,
     static_nbytes,
 )
 from tfdist.comm.consistency import model_fingerprint, verify_same_model, verify_same_setup
@@ -45,6 +47,7 @@ __all__ = [
     "replica_copies",
     "resolve",
     "ring_bytes",
+    "sparse_all_reduce",
     "static_nbytes",
     "verify_same_model",
     "verify_same_setup",

@@ -52,6 +52,14 @@ def ring_bytes(kind: str, payload_bytes: float, world_size: int) -> float:
     raise ValueError(f"Unknown collective kind: {kind!r}.")
 
 
+def payload_nbytes(tensors: Sequence[tf.Tensor]):
+    """Payload size in bytes: an int where every shape is static, else a float64 scalar tensor
+    (rows known only when the step runs, as an embedding's gradient rows)."""
+    if all(t.shape.is_fully_defined() for t in tensors):
+        return static_nbytes(tensors)
+    return tf.add_n([tf.cast(tf.size(t), tf.float64) * t.dtype.size for t in tensors])
+
+
 def static_nbytes(tensors: Sequence[tf.Tensor]) -> int:
     """Payload size in bytes of tensors with fully known static shapes."""
     total = 0
@@ -81,8 +89,11 @@ class ByteCounter:
         self.variable = variable
         self.calls = calls
 
-    def add(self, nbytes: float) -> None:
-        if nbytes:
+    def add(self, nbytes) -> None:
+        """Adds `nbytes`: a number, or a scalar tensor counted when the step runs."""
+        if tf.is_tensor(nbytes):
+            self.variable.assign_add(tf.cast(nbytes, tf.float64))
+        elif nbytes:
             self.variable.assign_add(tf.constant(nbytes, dtype=tf.float64))
 
     def add_call(self) -> None:
@@ -163,8 +174,9 @@ class Communicator(abc.ABC):
         return self._all_reduce(tensors, op)
 
     def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
-        """Concatenates every worker's `tensor` along axis 0, in rank order."""
-        self._count("all_gather", static_nbytes([tensor]))
+        """Concatenates every worker's `tensor` along axis 0, in rank order (the workers' axis 0
+        sizes may differ)."""
+        self._count("all_gather", payload_nbytes([tensor]))
         if self.world_size == 1:
             return tf.identity(tensor)
         return self._all_gather(tensor)
@@ -235,7 +247,7 @@ class Communicator(abc.ABC):
         scale = 1.0 / group_size if op == "mean" else 1.0
         return [tf.gather(r, group) * tf.cast(scale, r.dtype) for r in reduced]
 
-    def _count(self, kind: str, payload: int) -> None:
+    def _count(self, kind: str, payload) -> None:
         if self.counter is not None and self.world_size > 1:
             self.counter.add(ring_bytes(kind, payload, self.world_size))
             self.counter.add_call()
@@ -339,6 +351,17 @@ def bucketed_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor], bucket
         for i, reduced in zip(idx, comm.all_reduce([tensors[i] for i in idx], op=op)):
             out[i] = reduced
     return out
+
+
+def sparse_all_reduce(comm: Communicator, grad: tf.IndexedSlices, rows: int) -> tf.Tensor:
+    """The sum over workers of a gradient given as rows and their indices (an embedding's
+    `tf.IndexedSlices`), as a dense tensor of `rows` rows. Every worker's rows and indices are
+    all-gathered, what it holds rather than the whole table (as Horovod and Keras do for sparse
+    gradients): (N-1) x (rows held x (row bytes + 4)) sent per worker, against a dense
+    all-reduce's 2 (N-1)/N x the table's bytes."""
+    values = comm.all_gather(grad.values)
+    indices = comm.all_gather(tf.cast(grad.indices, tf.int32))
+    return tf.math.unsorted_segment_sum(values, indices, rows)
 
 
 _WORD = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}

@@ -14,7 +14,7 @@ from typing import TypeVar
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import attachment
-from tfdist.comm import Engine, resolve
+from tfdist.comm import Engine, resolve, sparse_all_reduce
 from tfdist.optimizers.accumulation import Accumulation
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD
@@ -60,13 +60,34 @@ class Chain:
         """Runs one step: `grads` through the parts, ending in `apply(reduced grads)`."""
         assert self.engine is not None and self.owner is not None
         engine = self.engine
-        grads = [dense_gradient(g, v) for g, v in zip(grads, variables)]
-        if not engine.loss_divided_by_replicas and engine.world_size > 1:
-            share = 1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
-            grads = [None if g is None else g * tf.cast(share, g.dtype) for g in grads]
-        ctx = StepContext(engine, engine.communicator(self.traffic.counter()),
-                          list(variables), apply, self.traffic, self.owner)
+        comm = engine.communicator(self.traffic.counter())
+        share = (1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
+                 if not engine.loss_divided_by_replicas and engine.world_size > 1 else None)
+        grads, reduced = list(grads), set()
+        if self.sparse_exchange and engine.world_size > 1:
+            for i, (g, v) in enumerate(zip(grads, variables)):
+                if isinstance(g, tf.IndexedSlices):
+                    values = g.values if share is None else g.values * tf.cast(share, g.dtype)
+                    summed = sparse_all_reduce(comm, tf.IndexedSlices(values, g.indices),
+                                               int(v.shape[0]))
+                    grads[i] = tf.reshape(summed, v.shape)
+                    reduced.add(i)
+        for i, (g, v) in enumerate(zip(grads, variables)):
+            if i not in reduced:
+                g = dense_gradient(g, v)
+                grads[i] = g if share is None or g is None else g * tf.cast(share, g.dtype)
+        ctx = StepContext(engine, comm, list(variables), apply, self.traffic, self.owner,
+                          reduced=frozenset(reduced))
         run_chain(self.parts, ctx, grads)
+
+    @property
+    def sparse_exchange(self) -> bool:
+        """Whether embedding gradients (rows and indices) are exchanged as rows: with the dense
+        exchange and nothing that keeps gradients per replica (accumulation, local SGD,
+        compression) between the backward pass and the exchange."""
+        exchange = self.exchange
+        return (type(exchange) is GradientExchange and exchange.compressor is None
+                and self.accumulation is None and self.local_sgd is None)
 
     def part(self, kind: type[P]) -> P | None:
         """This chain's part of type `kind`, or None."""

@@ -111,13 +111,19 @@ class GradientExchange(Part):
         holes = Holes(grads)
         variables = [ctx.variables[i] for i in holes.present]
         ctx.traffic.note_dense(ctx.comm.world_size, variables)
+        # Gradients already summed (sparse rows all-gathered, see Chain.update) pass as they are.
+        mine = [k for k, i in enumerate(holes.present) if i not in ctx.reduced]
         step = (tf.constant(0, tf.int64) if self._exchanges is None
                 else tf.convert_to_tensor(self._exchanges))
 
         def phase(p):
             def run(*values):
-                reduced = self._reduce(ctx, list(values), variables, self.phases[p][1], step)
-                next(ctx, holes.refill(reduced))
+                out = list(values)
+                reduced = self._reduce(ctx, [values[k] for k in mine],
+                                       [variables[k] for k in mine], self.phases[p][1], step)
+                for k, r in zip(mine, reduced):
+                    out[k] = r
+                next(ctx, holes.refill(out))
             return run
 
         def chain(p, *values):  # phase p runs while step < the next phase's first step

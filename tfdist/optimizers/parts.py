@@ -48,6 +48,8 @@ class StepContext:
         owner: The Keras optimizer whose variables hold the parts' state.
         apply_local: How a replica applies its own gradients (local SGD's local steps), where
             a decision taken on them may differ between replicas; None: as `apply`.
+        reduced: Positions of gradients that arrive already summed over the workers (sparse
+            embedding gradients, all-gathered as rows): the exchange passes them on.
     """
 
     engine: Engine
@@ -57,6 +59,7 @@ class StepContext:
     traffic: Traffic
     owner: Any
     apply_local: Callable[[list], None] | None = None
+    reduced: frozenset = frozenset()
 
     def index(self, variable) -> int:
         """The position of `variable` in the owner optimizer's variable list (state lookup)."""

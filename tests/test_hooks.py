@@ -249,3 +249,19 @@ def test_released_variables_read_through_a_stateless_scope_or_their_initializer(
     keras.Sequential([keras.Input((3,)), Probe()])
     Probe()(tf.ones((1, 3)))
     assert seen == [True, False]
+
+    captured = []
+
+    class Capture(keras.layers.Layer):  # keeps the autocast scope its call ran in
+        def build(self, shape):
+            self.w = self.add_weight(shape=(1,), initializer="ones")
+
+        def call(self, x):
+            captured.append(variable_hooks.current_autocast())
+            return x
+
+    layer = Capture(dtype="mixed_bfloat16")
+    layer(tf.ones((1, 3)))
+    assert tf.convert_to_tensor(layer.w).dtype == tf.float32  # outside the layer's call
+    with captured[0]:
+        assert tf.convert_to_tensor(layer.w).dtype == tf.bfloat16

@@ -88,6 +88,22 @@ def test_zero3_matches_the_inner_optimizer_step_by_step(mirrored, name):
                                plain(x[:BATCH // 4]), rtol=1e-5, atol=1e-5)
 
 
+def test_zero3_under_mixed_bfloat16_matches_adam(mirrored):
+    """bfloat16 compute, float32 parameters: the shards are gathered in float32 and each layer
+    casts them as it would its own variables (the backward's recomputation too)."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        reference, losses = _fit(mirrored(2), INNER["adam"], steps=5, sharded=False)
+        model, zero_losses = _fit(mirrored(2), lambda: ZeroOptimizer(INNER["adam"](), stage=3),
+                                  steps=5)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    np.testing.assert_allclose(zero_losses, losses, rtol=1e-5, atol=1e-6)
+    common.assert_weights_close(model.get_weights(), common.weights(reference), rtol=1e-5,
+                                atol=1e-6)
+    assert model.shard.dtype == "float32"
+
+
 def test_zero3_with_accumulation_and_with_cpu_offload_matches_adam(mirrored):
     """Accumulating 2 micro-batches equals stage 1's accumulation of the same micro-batches
     (BatchNorm sees micro-batches: not one big batch); offloaded state equals Adam."""

@@ -6,13 +6,16 @@ stateless mapping call `_initializer(shape, dtype)`. Stage 3 drops each paramete
 that way once its values live in the shards. Which variables a layer owns itself (not through
 sublayers) is `_trainable_variables`; a model's layers, nested ones included, come from
 `_flatten_layers`. Keras' symbolic shape inference (`compute_output_spec`) runs in a
-`SymbolicScope`.
+`SymbolicScope`. A layer runs in the `AutocastScope` its `__call__` opened (mixed precision:
+float32 variables read in the compute dtype); a recomputation must run in the same one.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
+from keras.src.backend import get_autocast_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 
@@ -43,3 +46,20 @@ def nested_layers(model) -> list:
 def in_shape_inference() -> bool:
     """Whether Keras is inferring output shapes symbolically (no real values flow)."""
     return bool(in_symbolic_scope())
+
+
+def current_autocast():
+    """A context manager that re-enters the autocast scope active now (or does nothing)."""
+    scope = get_autocast_scope()
+    return contextlib.nullcontext() if scope is None else _Reenter(scope)
+
+
+class _Reenter:
+    def __init__(self, scope):
+        self.scope = scope
+
+    def __enter__(self):
+        self.scope.__enter__()
+
+    def __exit__(self, *exc):
+        return self.scope.__exit__(*exc)

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
 from tfdist._hooks.variables import (
+    current_autocast,
     in_shape_inference,
     nested_layers,
     own_trainable_variables,
@@ -98,6 +99,7 @@ class ShardedModel(keras.Model):
             np.asarray(v.numpy(), np.float32).reshape(-1) for v in self._parameters])
         self.shard = self.add_weight(shape=(self.plan.shard_size,), initializer="zeros",
                                      dtype="float32", trainable=True, aggregation="none",
+                                     autocast=False,  # gathered in fp32, cast by each layer
                                      name="zero3_parameter_shard")
         self.shard._tfdist_zero3_plan = self.plan  # what ZeroOptimizer(stage=3) trains
         self._set_flat(initial)
@@ -304,6 +306,7 @@ def _gathered(comm, plan, variables, layer, original, shard, args, kwargs):
                  if tf.is_tensor(a) and a.dtype.is_floating]
     updated = layer.non_trainable_variables
     structure: list = []
+    autocast = current_autocast()  # mixed precision: the recomputation casts as the forward
 
     def run(values, tensors):
         items = list(flat)
@@ -329,7 +332,7 @@ def _gathered(comm, plan, variables, layer, original, shard, args, kwargs):
 
         def backward(*upstream, variables=None):
             values = parameters(shard)
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, autocast:
                 tape.watch(values)
                 tape.watch(list(tensors))
                 again, _ = run(values, tensors)

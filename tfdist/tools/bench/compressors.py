@@ -77,9 +77,10 @@ def _compressed_shapes() -> list[tuple[int, ...]]:
             >= MIN_COMPRESS_SIZE]
 
 
-def time_exchange(config: dict | None, repeats: int = 30, warmup: int = 3) -> dict:
-    """Median ms of one exchange of the compressed tensors through `config`'s compressor."""
-    shapes = _compressed_shapes()
+def time_exchange(config, repeats: int = 30, warmup: int = 3, shapes=None) -> dict:
+    """Median ms of one exchange of `shapes` (default: the comm suite model's compressed
+    tensors) through the compressor `config` (a config, a name or a compressor; None: dense)."""
+    shapes = _compressed_shapes() if shapes is None else [tuple(s) for s in shapes]
     comm = LoopbackCommunicator(WORKERS)
     grads = [tf.random.stateless_normal(s, seed=[i, 7]) * 1e-2 for i, s in enumerate(shapes)]
     compressor = compression.get(config) if config else None

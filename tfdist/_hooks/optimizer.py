@@ -30,7 +30,8 @@ _installed: dict[str, Any] = {}
 
 
 def replace_method(obj, name: str, value) -> None:
-    """Sets `obj.name = value` without Keras tracking the value (a bound method or a flag)."""
+    """Sets `obj.name = value` without Keras tracking the value (a bound method, a flag, or a
+    variable that is another object's, e.g. ZeRO stage 3's parameter shard)."""
     object.__setattr__(obj, name, value)
 
 

@@ -200,9 +200,9 @@ class ZeroOptimizer(DistributedOptimizer):
         self.offloaded = None
         if self.stage == 3:
             # The model's own parameter shard (untracked: it is not this optimizer's variable).
-            object.__setattr__(self, "parameter_shard", var_list[0])
+            replace_method(self, "parameter_shard", var_list[0])
             if self.offload is None:
-                object.__setattr__(self, "_shard", var_list[0])
+                replace_method(self, "_shard", var_list[0])
             else:
                 self.offloaded = OffloadedState(self.offload, self.inner_optimizer, size,
                                                 len(engine.local_devices), _host(engine))

@@ -120,6 +120,26 @@ def test_a_single_candidate_trains_exactly_like_its_fixed_exchange(mirrored, com
     assert "(measured)" in printed[0] and "Mbit/s" in printed[0]
 
 
+def test_bucket_sizes_are_candidates_picked_by_the_measured_step(mirrored):
+    """Two dense candidates that differ in bucket size only: both are measured (explore=100),
+    one bucket is one collective call and 1 KiB buckets are two, the training is the dense
+    exchange's either way, and the config round-trips."""
+    candidates = [Candidate("dense, one call", None, bucket_bytes=None),
+                  {"name": "dense, 1 KiB buckets", "bucket_bytes": 1024}]
+    fixed, _ = _train_parts(mirrored(2), 12, [GradientExchange()])
+    model, opt = _train_parts(mirrored(2), 12, [AutoExchange(candidates, explore=100.0)])
+    auto = opt.chain.part(AutoExchange)
+    report = auto.report()
+    assert all(c["measured"] for c in report["candidates"])
+    assert [c["collectives_per_step"] for c in report["candidates"]] == [1, 2]
+    assert report["choice"] in ("dense, one call", "dense, 1 KiB buckets")
+    common.assert_weights_close(common.weights(model), common.weights(fixed), rtol=1e-6,
+                                atol=1e-7)
+    assert AutoExchange(**auto.get_config()).candidates[1].bucket_bytes == 1024
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        AutoExchange([Candidate("x", None, bucket_bytes=0)])
+
+
 def test_one_worker_sends_nothing(mirrored):
     model, opt = _train_parts(mirrored(1), 4, [AutoExchange()])
     assert opt.bytes_sent == 0.0 and opt.chain.part(AutoExchange).choice == "dense"

@@ -155,7 +155,8 @@ JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.s
        "--set", "train.checkpoint_steps=4", "--set", "data.global_batch_size=32"]
 JOBS = {"local_sgd": ["--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0.9",
                       "--set", "optimizer.learning_rate=0.05", "--set", "averaging.period=3"],
-        "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"]}
+        "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
+        "zero3": ["--set", "optimizer.zero_stage=3"]}
 
 
 def _train_command(output_dir, name):

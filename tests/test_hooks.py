@@ -265,3 +265,4 @@ def test_released_variables_read_through_a_stateless_scope_or_their_initializer(
     assert tf.convert_to_tensor(layer.w).dtype == tf.float32  # outside the layer's call
     with captured[0]:
         assert tf.convert_to_tensor(layer.w).dtype == tf.bfloat16
+        assert variable_hooks.read_uncast(layer.w).dtype == tf.float32

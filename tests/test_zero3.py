@@ -88,6 +88,42 @@ def test_zero3_matches_the_inner_optimizer_step_by_step(mirrored, name):
                                plain(x[:BATCH // 4]), rtol=1e-5, atol=1e-5)
 
 
+@keras.saving.register_keras_serializable(package="tfdist_tests")
+class NoisyDense(keras.layers.Dense):
+    """A Dense layer with dropout of its own (a seed generator among its variables)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seed_generator = keras.random.SeedGenerator(11)
+
+    def call(self, x, training=None):
+        y = super().call(x)
+        return keras.random.dropout(y, 0.5, seed=self.seed_generator) if training else y
+
+
+def test_the_backward_recomputes_with_the_forward_randomness(mirrored):
+    """A layer with parameters and dropout: the backward's recomputation sees the seed the
+    forward used (not the one the forward advanced), so the gradients are the forward's."""
+    def build_noisy():
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((8, 8, 1))
+        h = NoisyDense(32, activation="relu")(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+    results = []
+    for sharded in (False, True):
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = build_noisy()
+            if sharded:
+                model = ShardedModel(model)
+            model.compile(optimizer=ZeroOptimizer(INNER["sgd"](), stage=3) if sharded
+                          else INNER["sgd"](), loss=LOSS)
+        _fit(strategy, steps=4, model=model)
+        results.append(model.get_weights())
+    common.assert_weights_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
 def test_zero3_under_mixed_bfloat16_matches_adam(mirrored):
     """bfloat16 compute, float32 parameters: the shards are gathered in float32 and each layer
     casts them as it would its own variables (the backward's recomputation too)."""

@@ -9,5 +9,5 @@ keras 3.15.x.
 * `profiler`: where and when a function's ops ran (run metadata, the profiler's trace);
 * `training`: Keras `fit` internals (the epoch a resumed `fit` starts from).
 * `variables`: Keras variable and layer internals (storage released for ZeRO stage 3, a layer's
-  own variables, nested layers, symbolic shape inference, the autocast scope).
+  own variables, nested layers, symbolic shape inference, the autocast scope, uncast reads).
 """

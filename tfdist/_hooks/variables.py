@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+import tensorflow as tf
 from keras.src.backend import get_autocast_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
@@ -63,3 +64,8 @@ class _Reenter:
 
     def __exit__(self, *exc):
         return self.scope.__exit__(*exc)
+
+
+def read_uncast(variable):
+    """`variable`'s value in its own dtype, whatever autocast scope is active."""
+    return tf.convert_to_tensor(variable._value)

@@ -30,6 +30,7 @@ from tfdist._hooks.variables import (
     in_shape_inference,
     nested_layers,
     own_trainable_variables,
+    read_uncast,
     release_storage,
 )
 from tfdist.comm import resolve
@@ -308,12 +309,13 @@ def _gathered(comm, plan, variables, layer, original, shard, args, kwargs):
     structure: list = []
     autocast = current_autocast()  # mixed precision: the recomputation casts as the forward
 
-    def run(values, tensors):
+    def run(values, tensors, state=()):
         items = list(flat)
         for i, t in zip(positions, tensors):
             items[i] = t
         a, k = tf.nest.pack_sequence_as((args, kwargs), items)
         mapping = [(v, tf.cast(x, v.dtype)) for v, x in zip(variables, values)]
+        mapping += list(zip(updated, state))
         with keras.StatelessScope(mapping) as scope:
             out = original(*a, **k)
         return out, scope
@@ -323,6 +325,9 @@ def _gathered(comm, plan, variables, layer, original, shard, args, kwargs):
 
     @tf.custom_gradient
     def forward(shard, *tensors):
+        # The layer's own state as the forward finds it (seeds, statistics): the recomputation
+        # starts from it too, so dropout draws the same mask.
+        state = [read_uncast(v) for v in updated]
         out, scope = run(parameters(shard), tensors)
         for v in updated:  # e.g. BatchNorm statistics: applied once, in the forward pass
             new = scope.get_current_value(v)
@@ -335,7 +340,7 @@ def _gathered(comm, plan, variables, layer, original, shard, args, kwargs):
             with tf.GradientTape() as tape, autocast:
                 tape.watch(values)
                 tape.watch(list(tensors))
-                again, _ = run(values, tensors)
+                again, _ = run(values, tensors, state)
             grads = tape.gradient(tf.nest.flatten(again), values + list(tensors),
                                   output_gradients=list(upstream))
             shard_grad = comm.reduce_scatter(plan.flatten(grads[:len(values)]), "sum")

@@ -124,6 +124,34 @@ def test_the_backward_recomputes_with_the_forward_randomness(mirrored):
     common.assert_weights_close(results[1], results[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_recurrent_layer_is_gathered_once_outside_its_loop(mirrored):
+    """An LSTM runs its cell in a loop, where no collective may run: the LSTM (cell included)
+    is one unit, gathered per call. Embedding + LSTM with dropout + Dense trains as unsharded
+    (SGD, 3 steps)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 100, size=(96, 10)), rng.integers(0, 3, size=(96,))
+
+    def build_recurrent():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((10,), dtype="int32")
+        h = keras.layers.LSTM(8, dropout=0.3)(keras.layers.Embedding(100, 8)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(3)(h))
+
+    results = []
+    for sharded in (False, True):
+        with mirrored(2).scope():
+            model = build_recurrent()
+            if sharded:
+                model = ShardedModel(model)
+                assert [type(layer).__name__ for layer, _ in model._hidden.layers] == [
+                    "Embedding", "LSTM", "Dense"]
+            model.compile(optimizer=ZeroOptimizer(INNER["sgd"](), stage=3) if sharded
+                          else INNER["sgd"](), loss=LOSS)
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, verbose=0)
+        results.append(model.get_weights())
+    common.assert_weights_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
 def test_zero3_under_mixed_bfloat16_matches_adam(mirrored):
     """bfloat16 compute, float32 parameters: the shards are gathered in float32 and each layer
     casts them as it would its own variables (the backward's recomputation too)."""

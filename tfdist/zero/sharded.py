@@ -10,6 +10,9 @@ A layer's parameters exist whole only while that layer runs:
   and the parameter gradients are reduce-scattered: each replica receives the summed gradient of
   its own shard only.
 
+A recurrent layer (any `keras.layers.RNN`) is one unit, its cell included: the cell runs inside
+a loop, where no collective may run, so the layer's parameters are gathered once per call.
+
 Per step that is 2 all-gathers and 1 reduce-scatter of the parameters: 1.5x a dense all-reduce's
 bytes, as in the ZeRO paper. `ZeroOptimizer(inner, stage=3)` then updates each replica's shard
 with its gradient shard, with no further exchange.
@@ -252,11 +255,19 @@ class ShardedModel(keras.Model):
 def _layers_with_parameters(model) -> list[tuple[Any, list]]:
     """(layer, its own trainable variables) for every layer with parameters, checked."""
     found, seen = [], set()
+    # A recurrent layer runs its cell inside a loop, where no collective may run: the layer,
+    # cell included, is gathered once per call, outside the loop.
+    looped = {id(sub) for layer in nested_layers(model) if isinstance(layer, keras.layers.RNN)
+              for sub in nested_layers(layer)}
     for layer in nested_layers(model):
-        own = own_trainable_variables(layer)
+        if id(layer) in looped:
+            continue
+        own = (list(layer.trainable_weights) if isinstance(layer, keras.layers.RNN)
+               else own_trainable_variables(layer))
         if not own:
             continue
-        inner = [sub for sub in nested_layers(layer) if own_trainable_variables(sub)]
+        inner = [sub for sub in nested_layers(layer) if own_trainable_variables(sub)
+                 and not isinstance(layer, keras.layers.RNN)]
         if inner:
             raise ValueError(f"Layer {layer.name!r} holds parameters and also has sublayers "
                              f"with parameters ({inner[0].name!r}); ZeRO stage 3 gathers one "

@@ -296,8 +296,29 @@ def test_bad_input_is_refused_with_the_fix(mirrored):
             model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
         with pytest.raises(ValueError, match="Expected 2 weights"):
             model.set_weights([np.zeros(1)])
+        with pytest.raises(ValueError, match="activity regularizer"):
+            ShardedModel(keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+                2, activity_regularizer="l2")]))
+
+        class Outer(keras.layers.Layer):  # a parameter of its own beside a Dense sublayer
+            def __init__(self):
+                super().__init__()
+                self.inner = keras.layers.Dense(2)
+
+            def build(self, shape):
+                self.scale = self.add_weight(shape=(), initializer="ones")
+                self.inner.build(shape)
+
+            def call(self, x):
+                return self.inner(x) * self.scale
+
+        with pytest.raises(ValueError, match="holds parameters and also has sublayers"):
+            ShardedModel(keras.Sequential([keras.Input((4,)), Outer()]))
         plain = build()
         plain.compile(optimizer=ZeroOptimizer(keras.optimizers.Adam(), stage=3), loss=LOSS)
+    with mirrored(4).scope(), pytest.raises(ValueError, match="sharded over 2 replicas and "
+                                                          "this optimizer runs on 4"):
+        ZeroOptimizer(keras.optimizers.Adam(), stage=3).build(model.trainable_variables)
     with pytest.raises(ValueError, match="ShardedModel"):
         plain.fit(common.distribute(strategy, *common.load_digits(), BATCH, shuffle=False),
                   epochs=1, steps_per_epoch=1, verbose=0)

@@ -63,17 +63,16 @@ class Chain:
         comm = engine.communicator(self.traffic.counter())
         share = (1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
                  if not engine.loss_divided_by_replicas and engine.world_size > 1 else None)
+        sparse = self.sparse_exchange and engine.world_size > 1
         grads, reduced = list(grads), set()
-        if self.sparse_exchange and engine.world_size > 1:
-            for i, (g, v) in enumerate(zip(grads, variables)):
-                if isinstance(g, tf.IndexedSlices):
-                    values = g.values if share is None else g.values * tf.cast(share, g.dtype)
-                    summed = sparse_all_reduce(comm, tf.IndexedSlices(values, g.indices),
-                                               int(v.shape[0]))
-                    grads[i] = tf.reshape(summed, v.shape)
-                    reduced.add(i)
         for i, (g, v) in enumerate(zip(grads, variables)):
-            if i not in reduced:
+            if sparse and isinstance(g, tf.IndexedSlices):  # summed here, as rows
+                values = g.values if share is None else g.values * tf.cast(share, g.dtype)
+                summed = sparse_all_reduce(comm, tf.IndexedSlices(values, g.indices),
+                                           int(v.shape[0]))
+                grads[i] = tf.reshape(summed, v.shape)
+                reduced.add(i)
+            else:
                 g = dense_gradient(g, v)
                 grads[i] = g if share is None or g is None else g * tf.cast(share, g.dtype)
         ctx = StepContext(engine, comm, list(variables), apply, self.traffic, self.owner,

@@ -425,7 +425,7 @@ class ZeroOptimizer(DistributedOptimizer):
         self._load(self._checkpointed(), store)
 
     def _checkpointed(self) -> list:
-        return [v for v in self._variables if v is not self._shard]  # stage 3: the model's
+        return [v for v in self._variables if v is not self._shard]
 
     def _save(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}

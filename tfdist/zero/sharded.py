@@ -64,7 +64,8 @@ class ShardedModel(keras.Model):
     Create it under the strategy's scope (or after `tfdist.horovod.init()`), compile it with
     `tfdist.ZeroOptimizer(inner, stage=3)` and train it with `fit`. The wrapped model's
     parameter variables give up their storage; read the weights through this model
-    (`get_weights`, `set_weights`, `save_weights`, `save`), which gathers or re-shards them. Its
+    (`get_weights`, `set_weights`, `save_weights`, `load_weights`), which gathers or re-shards
+    them (`model.save` is refused: save the weights, or `load_into` a fresh build). Its
     checkpoints hold the unsharded weights in the wrapped model's order, so they load with any
     number of replicas and into the unwrapped model (`load_into`).
 
@@ -73,7 +74,8 @@ class ShardedModel(keras.Model):
     Args:
         model: A built Keras model. Layers that share a parameter, weight or activity
             regularizers, and layers that hold parameters beside sublayers with parameters are
-            refused.
+            refused. A recurrent layer (its cell runs in a loop) is gathered whole, once per
+            call.
         name: Optional name.
 
     Example:
@@ -99,8 +101,7 @@ class ShardedModel(keras.Model):
         self.engine = resolve()
         groups = [variables for _, variables in self._hidden.layers]
         self.plan = LayerShardPlan([[v.shape for v in g] for g in groups], self.engine.world_size)
-        initial = np.concatenate([np.zeros(0, np.float32)] + [
-            np.asarray(v.numpy(), np.float32).reshape(-1) for v in self._parameters])
+        initial = _flat([v.numpy() for v in self._parameters])
         self.shard = self.add_weight(shape=(self.plan.shard_size,), initializer="zeros",
                                      dtype="float32", trainable=True, aggregation="none",
                                      autocast=False,  # gathered in fp32, cast by each layer
@@ -218,11 +219,10 @@ class ShardedModel(keras.Model):
                 raise ValueError(f"Weight {target.path} has shape {tuple(target.shape)}; "
                                  f"received {value.shape}.")
             if id(target) in parameters:
-                flat[id(target)] = value.astype(np.float32).reshape(-1)
+                flat[id(target)] = value
             else:
                 target.assign(value)
-        self._set_flat(np.concatenate([np.zeros(0, np.float32)] +
-                                      [flat[id(v)] for v in self._parameters]))
+        self._set_flat(_flat([flat[id(v)] for v in self._parameters]))
 
     def load_into(self, model: keras.Model) -> keras.Model:
         """Copies the unsharded weights into `model` (a model of the wrapped one's architecture,
@@ -262,12 +262,12 @@ def _layers_with_parameters(model) -> list[tuple[Any, list]]:
     for layer in nested_layers(model):
         if id(layer) in looped:
             continue
-        own = (list(layer.trainable_weights) if isinstance(layer, keras.layers.RNN)
-               else own_trainable_variables(layer))
+        recurrent = isinstance(layer, keras.layers.RNN)
+        own = list(layer.trainable_weights) if recurrent else own_trainable_variables(layer)
         if not own:
             continue
-        inner = [sub for sub in nested_layers(layer) if own_trainable_variables(sub)
-                 and not isinstance(layer, keras.layers.RNN)]
+        inner = [] if recurrent else [sub for sub in nested_layers(layer)
+                                      if own_trainable_variables(sub)]
         if inner:
             raise ValueError(f"Layer {layer.name!r} holds parameters and also has sublayers "
                              f"with parameters ({inner[0].name!r}); ZeRO stage 3 gathers one "
@@ -292,6 +292,12 @@ def _layers_with_parameters(model) -> list[tuple[Any, list]]:
     if not found:
         raise ValueError(f"Model {model.name!r} has no trainable parameters to shard.")
     return found
+
+
+def _flat(arrays) -> np.ndarray:
+    """The arrays as one float32 vector, in order."""
+    return np.concatenate([np.zeros(0, np.float32)]
+                          + [np.asarray(a, np.float32).reshape(-1) for a in arrays])
 
 
 def _in_replicas(world_size: int) -> bool:

@@ -92,3 +92,30 @@ def test_a_nonfinite_row_stops_every_replica():
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     with pytest.raises(Exception, match="non-finite"):
         model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.horovod
+def test_two_horovod_ranks_send_rows_and_train_like_one_device(single, tmp_path):
+    """The same exchange on the Horovod engine (`hvd.allgather` of rows and indices): the ranks
+    end identical, equal to one device, with the same bytes as 2 replicas."""
+    import json
+    import sys
+
+    from tests.conftest import ROOT, horovod_available, worker_env
+    from tfdist.tools.launch import run_horovod
+
+    if not horovod_available():
+        pytest.skip("Horovod is not installed")
+    result = run_horovod([sys.executable, f"{ROOT}/tests/workers/sparse_worker.py", str(tmp_path)],
+                         2, 240, env=worker_env())
+    assert result.returncode == 0, result.output[-4000:]
+    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    common.assert_weights_close(w0, w1, rtol=0, atol=0)
+    common.assert_weights_close(w0, single, rtol=1e-5, atol=1e-6)
+    stats = json.loads((tmp_path / "rank0.json").read_text())
+    rows = BATCH // 2 * TOKENS
+    assert stats["sparse"]
+    assert stats["bytes_per_step"] == pytest.approx(
+        ring_bytes("all_gather", rows * (4 * DIM + 4), 2)
+        + ring_bytes("all_reduce", 4 * (DIM * CLASSES + CLASSES), 2))

@@ -126,9 +126,9 @@ def _pipeline(k, m, schedule_name, remat, **kwargs):
                     remat=remat, **kwargs)
 
 
-def _close(a, b):
+def _close(a, b, atol=ATOL, rtol=0.0):
     for u, v in zip(a, b, strict=True):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -483,3 +483,45 @@ def test_pipeline_from_a_sequential_model_and_split_points():
     _close([pipe(x)], [expected])
     with pytest.raises(TypeError, match="takes a keras.Sequential"):
         Pipeline.from_sequential(keras.Model(model.inputs, model.outputs), sizes)
+
+
+# -- data parallelism across pipelines (a device grid) -------------------------------------------
+def _grid_layers():
+    keras.utils.set_random_seed(3)
+    return [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(16, activation="tanh"),
+            keras.layers.Dense(12, activation="relu"), keras.layers.Dense(10)]
+
+
+@pytest.mark.parametrize("kind", ["model", "layer"])
+def test_two_pipelines_of_two_stages_train_like_two_replica_data_parallelism(kind, mirrored):
+    """2 x 2 on 4 devices, trained with fit (a partial last batch included), ends with the
+    weights of MirroredStrategy over 2 devices training the unsplit model; both copies equal."""
+    rs = np.random.RandomState(0)
+    x, y = rs.randn(100, 6).astype("float32"), rs.randint(0, 10, 100)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with mirrored(2).scope():
+        reference = keras.Sequential([keras.Input((6,)), *_grid_layers()])
+        reference.compile(keras.optimizers.Adam(1e-2), loss=loss)
+    reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
+    ls = _grid_layers()
+    devices = cpu_devices(4)
+    pipe = Pipeline([ls[:2], ls[2:]], devices=[devices[:2], devices[2:]], num_microbatches=4,
+                    schedule="1f1b")
+    if kind == "model":
+        model = PipelineModel(pipe, input_shape=(6,))
+    else:
+        model = keras.Sequential([keras.Input((6,)), pipe])
+    model.compile(place_slots(keras.optimizers.Adam(1e-2)), loss=loss)
+    assert pipe.num_replicas == 2 and len(pipe.trainable_variables) == 16
+    model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    first = [v.numpy() for stage in pipe.replica_stages(0) for layer in stage
+             for v in layer.trainable_variables]
+    second = [v.numpy() for stage in pipe.replica_stages(1) for layer in stage
+              for v in layer.trainable_variables]
+    _close(first, second, atol=0)  # the copies never drift apart
+    _close(first, reference.get_weights(), rtol=1e-5, atol=1e-5)
+    copy = pipe.replica_stages(1)[1][0].kernel
+    assert tf.DeviceSpec.from_string(copy.value.device).device_index == 3
+    _close([model.predict(x, batch_size=20, verbose=0)],
+           [reference.predict(x, batch_size=20, verbose=0)], rtol=1e-5, atol=1e-5)

@@ -6,6 +6,8 @@
 * `PipelineModel` (`model.py`): a model that is one Pipeline, with the loss on the last stage,
   so `fit` runs forwards and backwards interleaved (1F1B's memory bound);
 * `balance_by_size` / `balance_by_time` (`balance.py`): split a list of layers into stages;
+* `cluster_devices` (`cluster.py`): one device per TF_CONFIG worker, so stages (and rows of
+  data-parallel pipelines) run in other processes and hosts through TF's cluster runtime;
 * `schedule`: the schedules as pure clock tables; `PipelineStats` (`stats.py`): what a run kept;
 * `place_slots`, `default_devices` (from `tfdist.devices`).
 
@@ -15,6 +17,7 @@ Tensor-parallel layers are in `tfdist.tensor_parallel` (also re-exported here).
 from tfdist.devices import default_devices, on_device, place_slots
 from tfdist.pipeline import schedule
 from tfdist.pipeline.balance import balance_by_size, balance_by_time, partition, split
+from tfdist.pipeline.cluster import cluster_devices
 from tfdist.pipeline.layer import Pipeline
 from tfdist.pipeline.model import PipelineModel
 from tfdist.pipeline.skip import Pop, Stash
@@ -31,6 +34,7 @@ __all__ = [
     "Stash",
     "balance_by_size",
     "balance_by_time",
+    "cluster_devices",
     "default_devices",
     "on_device",
     "partition",

@@ -35,8 +35,10 @@ class _Saved:
 class ScheduleRun:
     """One pass of the schedule: the tensors the tasks hand each other and keep."""
 
-    def __init__(self, pipe, training: bool, keep: bool):
+    def __init__(self, pipe, training: bool, keep: bool, replica: int = 0):
         self.pipe, self.training, self.keep = pipe, training, keep
+        self.stages = pipe.replica_stages(replica)  # this replica's copy of the layers
+        self.devices = pipe.device_grid[replica]
         k = pipe.num_stages
         self.acts: dict = {}  # (micro, stage) -> stage output, until the next stage takes it
         self.skips: dict = {}  # (micro, name) -> stashed tensor, until its Pop's stage takes it
@@ -51,20 +53,20 @@ class ScheduleRun:
         self.xs: list = []
         self.input_grads: dict = {}
         self.stage_vars = [[v for layer in stage for v in layer.trainable_variables]
-                           for stage in pipe.stages]
+                           for stage in self.stages]
         self.stage_state = [[v for layer in stage for v in layer.variables if not v.trainable]
-                            for stage in pipe.stages]
+                            for stage in self.stages]
 
     @contextlib.contextmanager
     def _task(self, j: int, tag: str):
         after = [self.last[j]] if self.last[j] is not None else []
-        with tf.device(self.pipe.devices[j]), tf.name_scope(f"stage{j}"), \
+        with tf.device(self.devices[j]), tf.name_scope(f"stage{j}"), \
                 tf.name_scope(tag), tf.control_dependencies(after):
             yield
 
     def _run_stage(self, j, x, skips_in, collect=None):
         local = dict(skips_in)
-        for layer in self.pipe.stages[j]:
+        for layer in self.stages[j]:
             if isinstance(layer, Stash):
                 local[layer.skip] = x
                 continue
@@ -172,7 +174,7 @@ class ScheduleRun:
     def _summed_var_grads(self) -> dict:
         out = {}
         for j, variables in enumerate(self.stage_vars):
-            with tf.device(self.pipe.devices[j]):
+            with tf.device(self.devices[j]):
                 for v in variables:
                     parts = self.var_grads.get(id(v))
                     if parts:
@@ -190,14 +192,15 @@ class ScheduleRun:
         dxs = [self.input_grads[i] for i in range(len(dys))] if needs_dx else []
         return dxs, self._summed_var_grads()
 
-    def train(self, xs, ys, sample_weights, loss_fn):
+    def train(self, xs, ys, sample_weights, loss_fn, scale=None):
         """The schedule with the loss on the last stage: each micro-batch's mean loss weighted
-        by its share of the batch (1/M when they are equal), so the total is the batch's mean."""
+        by its share of the batch (1/M when they are equal), so the total is the batch's mean
+        (times `scale`, this replica's share of a batch split over replicas)."""
         self.xs = xs
         k, m = self.pipe.num_stages, len(xs)
         sizes = [y.shape[0] for y in ys]
         equal = None not in sizes and len(set(sizes)) == 1
-        batch = tf.add_n([tf.shape(y)[0] for y in ys])
+        batch = tf.maximum(tf.add_n([tf.shape(y)[0] for y in ys]), 1)
         losses, preds = [], {}
         for tick in self.pipe.table:
             for task in tick:
@@ -219,9 +222,11 @@ class ScheduleRun:
                         n = tf.shape(ys[i])[0]
                         share = tf.cast(n, loss.dtype) / tf.cast(batch, loss.dtype)
                         loss = tf.where(n > 0, loss * share, tf.zeros_like(loss))
+                    if scale is not None:
+                        loss = loss * tf.cast(scale, loss.dtype)
                 self.grads[(i, j)] = tape.gradient(loss, y)
                 losses.append(loss)
-        with tf.device(self.pipe.devices[-1]):
+        with tf.device(self.devices[-1]):
             total = tf.add_n(losses)
         return total, [preds[i] for i in range(m)], self._summed_var_grads()
 

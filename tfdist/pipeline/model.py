@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.devices import place_slots
+from tfdist.pipeline.cluster import naming_lost_workers
 from tfdist.pipeline.layer import Pipeline
 
 
@@ -16,7 +17,9 @@ class PipelineModel(keras.Model):
     `fit` runs the pipeline's schedule with forwards and backwards interleaved (so "1f1b" bounds
     the activations each stage keeps by the number of stages), takes the compiled loss per
     micro-batch (their mean is the batch's mean loss) and applies the summed gradients once per
-    batch. Give `input_shape` (without the batch axis) to build it at once, as callbacks that
+    batch. With one row of devices per replica (`Pipeline(devices=[row0, row1, ...])`) each
+    replica runs its share of the batch and every copy of a variable gets the summed gradients:
+    data parallelism across pipelines, equal to a MirroredStrategy over the replicas. Give `input_shape` (without the batch axis) to build it at once, as callbacks that
     read the variables when training begins need (e.g. Horovod's broadcast); otherwise it is built
     by the first step. `compile` places the optimizer's slots on their variables' devices. `predict` and
     `evaluate` run the pipeline forward. Layer losses (`add_loss`) are not supported here."""
@@ -47,6 +50,18 @@ class PipelineModel(keras.Model):
         self.compile(**keras.saving.deserialize_keras_object(config))
         if self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def fit(self, *args, **kwargs):
+        with naming_lost_workers():
+            return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        with naming_lost_workers():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with naming_lost_workers():
+            return super().predict(*args, **kwargs)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

@@ -19,10 +19,13 @@ class PipelineModel(keras.Model):
     micro-batch (their mean is the batch's mean loss) and applies the summed gradients once per
     batch. With one row of devices per replica (`Pipeline(devices=[row0, row1, ...])`) each
     replica runs its share of the batch and every copy of a variable gets the summed gradients:
-    data parallelism across pipelines, equal to a MirroredStrategy over the replicas. Give `input_shape` (without the batch axis) to build it at once, as callbacks that
-    read the variables when training begins need (e.g. Horovod's broadcast); otherwise it is built
-    by the first step. `compile` places the optimizer's slots on their variables' devices. `predict` and
-    `evaluate` run the pipeline forward. Layer losses (`add_loss`) are not supported here."""
+    data parallelism across pipelines, equal to a MirroredStrategy over the replicas.
+
+    Give `input_shape` (without the batch axis) to build it at once, as callbacks that read the
+    variables when training begins need (e.g. Horovod's broadcast); otherwise it is built by the
+    first step. `compile` places the optimizer's slots on their variables' devices. `predict`
+    and `evaluate` run the pipeline forward; with stages on other hosts, a host lost during
+    `fit`, `evaluate` or `predict` is named in the error. Layer losses (`add_loss`) are not supported here."""
 
     def __init__(self, pipeline: Pipeline, input_shape=None, **kwargs):
         super().__init__(**kwargs)

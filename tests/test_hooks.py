@@ -5,6 +5,8 @@ tfdist/_hooks/ it names before anything else.
 """
 
 import keras
+import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfdist._hooks import checkpoint as checkpoint_hooks
@@ -177,10 +179,32 @@ def test_instance_patches_bypass_keras_tracking_and_place_slots():
     assert opt._tfdist_flag and not any(v is opt._tfdist_flag[0] for v in opt.variables)
     with tf.device("/cpu:1"):
         var = keras.Variable(tf.zeros([2]))
-    _keras_hooks.create_slots_on_variable_devices(opt)
+    _keras_hooks.place_on_variable_devices(opt)
     opt.build([var])
     slots = [v for v in opt.variables if tuple(v.shape) == (2,)]
     assert slots and all(v.value.device.endswith("CPU:1") for v in slots)
+
+
+@pytest.mark.parametrize("weight_decay", [None, 0.1])
+def test_updates_and_weight_decay_run_on_the_variables_devices(weight_decay):
+    from tfdist._hooks.profiler import executed_devices
+
+    with tf.device("/cpu:2"):
+        var = keras.Variable(tf.ones([64, 64]))
+    opt = keras.optimizers.AdamW(0.1, weight_decay=weight_decay) if weight_decay else \
+        keras.optimizers.Adam(0.1)
+    _keras_hooks.place_on_variable_devices(opt)
+    opt.build([var])
+    with tf.device("/cpu:0"):
+        grad = tf.ones([64, 64])
+    placed = executed_devices(lambda: opt.apply([grad], [var]))
+    big = {name: device for name, (device, op) in placed.items()  # the update's arithmetic
+           if name.startswith(f"{opt.name}/") and op in ("Mul", "Sub", "AddV2", "Sqrt",
+                                                          "RealDiv", "Square", "IdentityN")}
+    assert not any(op == "IdentityN" for _, op in placed.values())  # no one-replica all-reduce
+    assert big and all(d.endswith("CPU:2") for d in big.values()), big
+    expected = 1 - 0.1 * 0.1 if weight_decay else 1.0  # decay, then Adam's first step: -lr
+    np.testing.assert_allclose(var.numpy(), expected - 0.1, rtol=1e-5)
 
 
 def test_set_initial_epoch_makes_fit_start_there():

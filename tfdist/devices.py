@@ -9,7 +9,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tfdist._hooks.optimizer import create_slots_on_variable_devices
+from tfdist._hooks.optimizer import place_on_variable_devices
 
 
 def local_devices(count: int) -> list[str]:
@@ -60,12 +60,15 @@ def check_devices(devices: list[str]) -> None:
 
 
 def place_slots(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """Makes `optimizer` create each slot (momentum, Adam m/v, ...) on its variable's device.
+    """Makes `optimizer` create each slot (momentum, Adam m/v, ...) on its variable's device, and
+    run each variable's update there.
 
-    Outside a strategy Keras creates every slot on the default device; a pipelined model needs
-    them next to their stage. Call before the optimizer is built (before `fit`); returns it.
+    Outside a strategy Keras creates every slot, and runs every update's arithmetic, on the
+    default device; a pipelined model needs them next to their stage (on another host, each
+    step would otherwise send the stage's gradients to the default device and the new weights
+    back). Call before the optimizer is built (before `fit`); returns it.
     `PipelineModel.compile` does this itself."""
-    create_slots_on_variable_devices(optimizer)
+    place_on_variable_devices(optimizer)
     return optimizer
 
 

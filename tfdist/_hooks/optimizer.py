@@ -13,6 +13,8 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   per-variable state; `count_apply`: a wrapper's own apply counter (`_iterations`).
 * `replace_method`: sets an attribute on an instance past Keras' attribute tracking (ZeroOptimizer
   reroutes its inner optimizer's checkpoint methods; the pipeline places slots).
+* `place_on_variable_devices`: slots, updates and weight decay (`_apply_weight_decay`) on each
+  variable's device, for pipeline stages on other devices and hosts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
@@ -27,6 +30,11 @@ UPDATE_HOOK = "_backend_update_step"
 ATTACHMENT_ATTRIBUTE = "_tfdist_attachment"  # what a tfdist strategy attached to an optimizer
 SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
 _installed: dict[str, Any] = {}
+
+
+def _device(variable) -> str:
+    """A Keras variable's or a tf.Variable's device."""
+    return (variable.value if isinstance(variable, keras.Variable) else variable).device
 
 
 def replace_method(obj, name: str, value) -> None:
@@ -122,18 +130,47 @@ def install_strategy_hooks() -> None:
     _installed.update(original_update=original_update)
 
 
-def create_slots_on_variable_devices(optimizer) -> None:
-    """Makes `optimizer` create each slot on its variable's device (outside a strategy Keras
-    puts every slot on the default device). Replaces `add_variable_from_reference` on the
-    instance."""
+def place_on_variable_devices(optimizer) -> None:
+    """Makes `optimizer` create each slot on its variable's device and run each variable's
+    update (and weight decay) there. Outside a strategy Keras puts every slot on the default
+    device, and the update's arithmetic too: with a variable on another host, its gradient would
+    travel to the default device and the new value back, every step.
+
+    Replaces, on the instance: `add_variable_from_reference` and `update_step` (public: Keras'
+    per-variable update); `_apply_weight_decay` (private: the TF backend's decay of all
+    variables, keras/src/backend/tensorflow/optimizer.py), which then runs once per device; and,
+    outside any strategy, `_all_reduce_sum_gradients` (`ALL_REDUCE_HOOK`), whose one-replica
+    "all-reduce" is an identity of every gradient on the default device."""
     if getattr(optimizer, "_tfdist_places_slots", False):
         return
     create = optimizer.add_variable_from_reference
+    update = optimizer.update_step
+    decay = optimizer._apply_weight_decay
+    reduce = getattr(optimizer, ALL_REDUCE_HOOK)
 
     def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
-        device = getattr(reference_variable, "value", reference_variable).device
-        with tf.device(device):
+        with tf.device(_device(reference_variable)):
             return create(reference_variable, name=name, initializer=initializer)
 
+    def update_step(gradient, variable, learning_rate):
+        with tf.device(_device(variable)):
+            return update(gradient, variable, learning_rate)
+
+    def apply_weight_decay(variables):
+        by_device: dict[str, list] = {}
+        for variable in variables:
+            by_device.setdefault(_device(variable), []).append(variable)
+        for device, group in by_device.items():
+            with tf.device(device):
+                decay(group)
+
+    def all_reduce_sum_gradients(grads_and_vars):
+        if tf.distribute.has_strategy():
+            return reduce(grads_and_vars)
+        return grads_and_vars  # one replica: nothing to sum, nothing to move
+
     replace_method(optimizer, "add_variable_from_reference", add_variable_from_reference)
+    replace_method(optimizer, "update_step", update_step)
+    replace_method(optimizer, ALL_REDUCE_HOOK, all_reduce_sum_gradients)
+    replace_method(optimizer, "_apply_weight_decay", apply_weight_decay)
     replace_method(optimizer, "_tfdist_places_slots", True)

@@ -224,7 +224,8 @@ class ScheduleRun:
                         loss = tf.where(n > 0, loss * share, tf.zeros_like(loss))
                     if scale is not None:
                         loss = loss * tf.cast(scale, loss.dtype)
-                self.grads[(i, j)] = tape.gradient(loss, y)
+                with tf.device(self.devices[j]):
+                    self.grads[(i, j)] = tape.gradient(loss, y)
                 losses.append(loss)
         with tf.device(self.devices[-1]):
             total = tf.add_n(losses)

@@ -37,6 +37,9 @@ SUITES = {
               "gradient buffers, next to the formulas",
     "pipeline": "GPipe and 1F1B over K logical devices: step time, measured idle time per "
                 "stage, activation memory with and without re-materialization",
+    "pipeline_hosts": "GPipe, 1F1B and 2 x 2 data x pipeline with stages on emulated hosts "
+                      "(root, iproute2): step time, bytes sent between hosts per step next to "
+                      "the activations and gradients that must cross",
     "comm": "algorithm x link speed on the emulated multi-host cluster (root, iproute2): time "
             "to the target accuracy, bytes counted and on the wire, collective calls, step time",
     "stragglers": "one emulated host slowed by a CPU quota (root, cgroup v1): synchronous "
@@ -89,11 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, metavar="N", help="engines: timed steps per repeat")
     bench.add_argument("--repeats", type=int, metavar="R", help="engines: repeats per engine")
     bench.add_argument("--hosts", type=_list, metavar="N,...",
-                       help="comm, models, stragglers: numbers of emulated hosts (default: the "
-                            "spec's)")
+                       help="comm, models, stragglers, pipeline_hosts: numbers of emulated "
+                            "hosts (default: the spec's; pipeline_hosts: 2,4)")
     bench.add_argument("--bandwidths", type=_list, metavar="RATE,...",
-                       help="comm, models, stragglers: link bandwidths with a unit, e.g. "
-                            "100mbit,1gbit")
+                       help="comm, models, stragglers, pipeline_hosts: link bandwidths with a "
+                            "unit, e.g. 100mbit,1gbit")
     bench.add_argument("--algorithms", type=_list, metavar="NAME,...",
                        help="comm, models, stragglers: algorithms of configs/bench/comm.yaml, "
                             "models.yaml or stragglers.yaml (the baseline always runs)")
@@ -253,6 +256,10 @@ def cmd_bench(args) -> int:
             from tfdist.tools.bench.stragglers import run_stragglers
 
             run_stragglers(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms)
+        elif args.suite == "pipeline_hosts":
+            from tfdist.tools.bench.pipeline_hosts import run_pipeline_hosts
+
+            run_pipeline_hosts(args.quick, args.out, args.hosts, args.bandwidths)
         elif args.suite == "models":
             from tfdist.tools.bench.models import run_models
 

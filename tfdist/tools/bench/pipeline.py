@@ -109,10 +109,13 @@ def _baseline_step(device: str):
 
 
 def _pipeline_step(devices, m: int, schedule: str, remat: str):
+    """One step of the MLP cut into one stage per device (or per device of each row of a grid
+    of data-parallel pipelines)."""
     x, y = _data()
     layers = _layers()
-    per = LAYERS // len(devices)
-    pipe = Pipeline([layers[j * per:(j + 1) * per] for j in range(len(devices))],
+    k = len(devices[0]) if isinstance(devices[0], list) else len(devices)
+    per = LAYERS // k
+    pipe = Pipeline([layers[j * per:(j + 1) * per] for j in range(k)],
                     devices=devices, num_microbatches=m, schedule=schedule, remat=remat)
     pipe.build((BATCH, WIDTH))
     optimizer = place_slots(keras.optimizers.SGD(0.01))

@@ -117,3 +117,23 @@ def test_a_grid_whose_rows_do_not_match_the_stages_is_refused():
     config = PipelineModel(pipe).get_config()
     restored = keras.saving.deserialize_keras_object(config["pipeline"])
     assert restored.device_grid == pipe.device_grid and restored.num_replicas == 2
+
+
+def test_a_serving_worker_whose_driver_never_comes_stops_with_a_message():
+    import socket
+    import subprocess
+
+    from tfdist.tools.launch import cluster_config
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    code = "from tfdist.pipeline import cluster_devices; cluster_devices(wait=2)"
+    env = dict(worker_env(), TF_CONFIG=cluster_config(1, [f"127.0.0.1:{p}" for p in ports]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "worker 1 serves its devices" in out.stdout
+    assert f"worker 0 (127.0.0.1:{ports[0]}) did not come up in 2 s" in out.stderr

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import socket
-import sys
 import time
 
 import tensorflow as tf
@@ -136,13 +135,11 @@ def _serve(resolver, workers: list[str], task: int, wait: float) -> None:
         elif seen:
             break
         elif time.monotonic() > deadline:
-            print(f"[tfdist] pipeline: worker 0 ({workers[0]}) did not come up in {wait:g} s; "
-                  f"worker {task} stops", file=sys.stderr, flush=True)
+            os.write(2, f"[tfdist] pipeline: worker 0 ({workers[0]}) did not come up in "
+                        f"{wait:g} s; worker {task} stops\n".encode())
             os._exit(1)
         time.sleep(0.5)
     print(f"[tfdist] pipeline: worker 0 has ended; worker {task} stops", flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(0)  # TensorFlow's server cannot be stopped; its threads would keep the process
 
 

@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from tfdist.tools.bench.pipeline import BATCH, CLASSES, LAYERS, WIDTH
 
@@ -79,12 +80,12 @@ def worker(result: str, quick: bool) -> None:
     from tfdist.pipeline import cluster_devices
     from tfdist.tools.bench.pipeline import _baseline_step, _pipeline_step
 
-    devices = cluster_devices()  # the serving hosts stop here
+    devices = cast(list[str], cluster_devices())  # one row; the serving hosts stop here
     k = len(devices)
     steps, repeats = (3, 3) if quick else (5, 5)
     rows = [{"layout": "one device", "k": 1, "replicas": 1, "m": 1,
              "step_ms": _timed("one device", _baseline_step(devices[0]), steps, repeats)}]
-    plans = [(s, m, devices) for m in ((4,) if quick else (1, 4, 8)) for s in ("gpipe", "1f1b")]
+    plans: list[tuple[str, int, Any]] = [(s, m, devices) for m in ((4,) if quick else (1, 4, 8)) for s in ("gpipe", "1f1b")]
     if k == 4:
         plans.append(("1f1b", 4, [devices[:2], devices[2:]]))
     for schedule, m, placed in plans:

@@ -85,7 +85,8 @@ def worker(result: str, quick: bool) -> None:
     steps, repeats = (3, 3) if quick else (5, 5)
     rows = [{"layout": "one device", "k": 1, "replicas": 1, "m": 1,
              "step_ms": _timed("one device", _baseline_step(devices[0]), steps, repeats)}]
-    plans: list[tuple[str, int, Any]] = [(s, m, devices) for m in ((4,) if quick else (1, 4, 8)) for s in ("gpipe", "1f1b")]
+    plans: list[tuple[str, int, Any]] = [(s, m, devices) for m in ((4,) if quick else (1, 4, 8))
+                                         for s in ("gpipe", "1f1b")]
     if k == 4:
         plans.append(("1f1b", 4, [devices[:2], devices[2:]]))
     for schedule, m, placed in plans:

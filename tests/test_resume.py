@@ -320,6 +320,59 @@ def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference)
     assert summary["world_size"] in (2, 3)
 
 
+@pytest.mark.multiprocess
+def test_workers_joining_by_themselves_grow_the_job_at_its_next_backup(tmp_path,
+                                                                       elastic_reference):
+    """--elastic --hostfile: the job starts on the 2 slots the hostfile lists; after its first
+    backup the hostfile lists 3; the launcher offers them, the job grows to 3 at its next backup
+    and resumes there: every epoch trained on as many examples as 3 uninterrupted workers, and
+    the same weights."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("127.0.0.1 slots=2\n")
+    out = tmp_path / "joined"
+    command = [sys.executable, "-m", "tfdist.launch", "--elastic", "--hostfile", str(hostfile),
+               "--max-workers", "3", "--timeout", "400", "--", sys.executable, "-m",
+               "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        backup = out / "backup" / "process-1" / "step-4" / "meta.json"
+        deadline = time.monotonic() + 300
+        while not backup.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        hostfile.write_text("127.0.0.1 slots=3\n")  # a worker joins
+        _, err = launcher.communicate(timeout=400)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err[-3000:]
+    assert (f"[launch] elastic: {hostfile} offers 3 slots; the job grows from 2 to 3 workers at "
+            "its next backup") in err
+    grown = re.search(r"\[launch\] elastic: resizing from 2 to 3 workers \(1 more worker\(s\) "
+                      r"offered by the launcher; the backup of step (\d+) resumes on 3\)", err)
+    assert grown, err[-3000:]
+    summary = _assert_same_training(out, elastic_reference)
+    assert summary["world_size"] == 3
+    assert summary["resumed_from_step"] == int(grown.group(1)) >= 8
+
+
+def test_an_elastic_hostfile_sets_the_size_and_bad_combinations_are_refused(tmp_path, capsys):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("127.0.0.1 slots=2\n127.0.0.1 slots=1\n")
+    code = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['cluster'])"
+    assert launch.main(["--elastic", "--hostfile", str(hostfile), "--max-workers", "2",
+                        "--timeout", "60", "--", sys.executable, "-c", code]) == 0
+    assert capsys.readouterr().out.count("127.0.0.1:") == 2 * 2  # 2 workers (of 3 slots)
+    with pytest.raises(SystemExit):
+        launch.main(["--elastic", "--hosts", "a:2", "--", "true"])
+    assert "--elastic takes --workers N (local workers) or --hostfile" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.main(["--elastic", "--", "true"])
+    assert "--elastic needs --workers N (local workers) or --hostfile" in \
+        capsys.readouterr().err
+
+
 def test_the_launcher_names_a_missing_command_and_a_signal(capsys):
     assert launch.main(["--workers", "1", "--", "/nonexistent/command"]) == 127
     assert "[launch] cannot run '/nonexistent/command': No such file or directory" in \

@@ -6,7 +6,7 @@ from tfdist.callbacks.backup import BackupAndRestore
 from tfdist.callbacks.checkpoint import ModelCheckpoint
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
-from tfdist.callbacks.resize import RESIZE_EXIT, ElasticResize, throughput_policy
+from tfdist.callbacks.resize import RESIZE_EXIT, ElasticJoin, ElasticResize, throughput_policy
 from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
 from tfdist.callbacks.start import StartAt
 from tfdist.callbacks.watchdog import WATCHDOG_EXIT, Watchdog
@@ -16,6 +16,7 @@ __all__ = [
     "AveragingPeriodSchedule",
     "BackupAndRestore",
     "CommunicationStats",
+    "ElasticJoin",
     "ElasticResize",
     "LearningRateWarmup",
     "RESIZE_EXIT",

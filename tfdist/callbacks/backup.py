@@ -106,6 +106,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._resumed_batch = 0  # steps of the resumed epoch done before the backup
         self._skipped: SkippedSteps | None = None  # the resumed epoch's finished steps
         self._pending_metrics: list = []  # (replica copies, values) set when an epoch begins
+        self.last_saved: int | None = None  # the step (global batches) of the last backup made
 
     @property
     def skipping(self) -> bool:
@@ -240,6 +241,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                           f"progress is lost unnoticed. The last complete backup, "
                           f"{'step ' + str(last[-1]) if last else 'none'}, is intact: free "
                           "space (or choose another directory) and run again to resume.") from e
+        self.last_saved = step
         for old in self._complete()[:-self.keep]:
             shutil.rmtree(os.path.join(self._process_dir, f"{PREFIX}{old}"), ignore_errors=True)
 

@@ -1,4 +1,5 @@
-"""`ElasticResize`: change the number of workers on purpose, from a measured signal.
+"""`ElasticResize`: change the number of workers on purpose, from a measured signal;
+`ElasticJoin`: grow the job when the launcher offers more workers.
 
 Under `python -m tfdist.launch --elastic --workers N --min-workers A --max-workers B`, the job can
 be restarted at another size; this callback measures the job's throughput (examples per second)
@@ -28,6 +29,7 @@ from tfdist.comm import resolve
 RESIZE_EXIT = 75  # EX_TEMPFAIL: "run me again" (at the size the request names)
 REQUEST = "resize.json"
 MEASURED = "throughput.json"
+OFFER = "offer.json"  # written by the launcher: {"size": slots it can run the job on}
 
 Policy = Callable[[dict[int, float], int, int, int], tuple[int, str]]
 
@@ -154,3 +156,71 @@ class ElasticResize(keras.callbacks.Callback):
         with open(path + ".tmp", "w") as f:
             json.dump(value, f)
         os.replace(path + ".tmp", path)
+
+
+class ElasticJoin(keras.callbacks.Callback):
+    """Grows the job when the elastic launcher offers more workers (workers joining by
+    themselves).
+
+    Under `python -m tfdist.launch --elastic --hostfile F`, the launcher reads F again every
+    second and, when it lists more slots than the job runs on, offers them. After each backup
+    of `backup` (every process backs up at the same steps) the chief reads the offer and
+    broadcasts it; if it is larger than the job, every process ends with `RESIZE_EXIT` and the
+    launcher starts the job at the offered size, which resumes from that backup: nothing is
+    trained twice or lost. Outside the elastic launcher it does nothing. `tfdist train` adds it
+    by itself under the elastic launcher.
+
+    Args:
+        backup: The job's `BackupAndRestore` (in `fit`'s callbacks too, before this).
+    """
+
+    def __init__(self, backup: BackupAndRestore):
+        super().__init__()
+        if not isinstance(backup, BackupAndRestore):
+            raise ValueError(f"`backup` must be a tfdist.callbacks.BackupAndRestore. Received: "
+                             f"backup={backup!r}")
+        self.backup = backup
+        self.directory = os.environ.get("TFDIST_ELASTIC_DIR")
+
+    def on_train_begin(self, logs=None):
+        self._engine = resolve(getattr(self.model, "distribute_strategy", None))
+        self._seen = self.backup.last_saved
+
+    def on_train_batch_end(self, batch, logs=None):
+        params = self.params or {}
+        last = (params.get("epochs") is not None and params.get("steps") is not None
+                and self._epoch == params["epochs"] - 1 and batch + 1 == params["steps"])
+        self._after_backup(last)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._after_backup(last=epoch == (self.params or {}).get("epochs", 0) - 1)
+
+    def _after_backup(self, last: bool) -> None:
+        if self.directory is None or self.backup.last_saved == self._seen or last:
+            return  # no new backup, or nothing left to train
+        self._seen = self.backup.last_saved
+        engine, size = self._engine, self._engine.process_count
+        offered = 0
+        if engine.is_chief:
+            try:
+                with open(os.path.join(self.directory, OFFER)) as f:
+                    offered = int(json.load(f)["size"])
+            except (OSError, ValueError, KeyError, TypeError):
+                offered = 0
+        if engine.multi_process:  # every worker takes the chief's reading
+            offered = int(engine.run(lambda comm: comm.broadcast(
+                [tf.constant(offered, tf.int64)], root=0)[0]))
+        if offered <= size:
+            return
+        reason = (f"{offered - size} more worker(s) offered by the launcher; the backup of "
+                  f"step {self._seen} resumes on {offered}")
+        if engine.is_chief:
+            print(f"[tfdist] elastic: {reason}", flush=True)
+            path = os.path.join(self.directory, REQUEST)
+            with open(path + ".tmp", "w") as f:
+                json.dump({"size": offered, "reason": reason}, f)
+            os.replace(path + ".tmp", path)
+        raise SystemExit(RESIZE_EXIT)

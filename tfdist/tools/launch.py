@@ -29,9 +29,12 @@ the first parameter server's failure, else the chief's (worker 0).
 Elastic (`--elastic --workers N [--min-workers A] [--max-restarts R]`): when workers fail (a
 crash, a kill, the OOM killer), the launcher stops the others and starts the job again on the
 workers left, with TF_CONFIG rewritten and TFDIST_ELASTIC=1, so `tfdist train` (with
-`train.checkpoint_steps`) resumes its last backup at the new size. A worker killed by a signal is
-reported as such (`worker 1 was killed by SIGKILL (signal 9)`, exit code 128 + N); a command that
-does not exist is reported in one line (exit code 127).
+`train.checkpoint_steps`) resumes its last backup at the new size. With `--hostfile F` instead
+of `--workers` the job runs on F's slots (at most `--max-workers`) and F is read again every
+second: when it offers more slots than the job uses (a host added, or a lost worker's slot
+back), the job grows to them at its next backup (workers joining by themselves). A worker
+killed by a signal is reported as such (`worker 1 was killed by SIGKILL (signal 9)`, exit code
+128 + N); a command that does not exist is reported in one line (exit code 127).
 
 Horovod: `--horovod` builds the `horovodrun` command (Gloo by default, `--mpi` for MPI; hosts
 from `--hosts`/`--hostfile`; the elastic flags passed through), prints it and runs it under the
@@ -147,8 +150,8 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                   echo: bool = False, stop_on_failure: bool | frozenset[int] = True,
                   on_line: Callable[[int, str], None] | None = None,
                   labels: list[str] | None = None,
-                  restartable: frozenset[int] = frozenset(), max_restarts: int = 0
-                  ) -> list[WorkerResult]:
+                  restartable: frozenset[int] = frozenset(), max_restarts: int = 0,
+                  watch: Callable[[], None] | None = None) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
     Args:
@@ -162,6 +165,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         labels: The echo prefix of each process (default `worker i`).
         restartable: Processes started again (the same command) when they fail, at most
             `max_restarts` times in all; their result is their last run's.
+        watch: Called about once a second while the processes run.
     """
     procs: list[subprocess.Popen] = []
     sinks: list[list[str]] = [[] for _ in commands]
@@ -193,7 +197,11 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         failed_at = None
         critical = (stop_on_failure if isinstance(stop_on_failure, frozenset) else
                     frozenset(range(len(procs)) if stop_on_failure else ()))
+        watched = time.monotonic()
         while time.monotonic() < deadline:
+            if watch is not None and time.monotonic() - watched >= 1:
+                watched = time.monotonic()
+                watch()
             codes = [p.poll() for p in procs]
             if failed_at is None and any(codes[i] not in (None, 0) for i in critical):
                 failed_at = time.monotonic()  # nothing is started again from now on
@@ -237,19 +245,34 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
     return [r for r in failed if (r.ended_at or 0.0) <= first + 1.0]
 
 
+DEFAULT_PORT = 23456
+DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
 MAX_RESIZES = 16
 
 
-def run_elastic(argv: list[str], workers: int, min_workers: int, max_restarts: int,
-                timeout: float, echo: bool = True, max_workers: int | None = None) -> int:
-    """Runs `argv` as `workers` local TF_CONFIG workers; when workers fail, stops the others
-    and starts the job again on the workers left (at least `min_workers`, at most
-    `max_restarts` times), with TF_CONFIG rewritten for the new set and TFDIST_ELASTIC=1 (so
-    `tfdist train` resumes its backup at the new size). When every worker exits with
-    RESIZE_EXIT (`tfdist.callbacks.ElasticResize`), it starts the job at the size requested
-    (within [min_workers, max_workers]). Returns the exit code."""
+def run_elastic(argv: list[str], workers: int | None, min_workers: int | None,
+                max_restarts: int, timeout: float, echo: bool = True,
+                max_workers: int | None = None, hostfile: str | None = None,
+                port: int = DEFAULT_PORT, ssh: str = DEFAULT_SSH) -> int:
+    """Runs `argv` as TF_CONFIG workers (`workers` local ones, or the slots of `hostfile`);
+    when workers fail, stops the others and starts the job again on the workers left (at least
+    `min_workers`, at most `max_restarts` times), with TF_CONFIG rewritten for the new set and
+    TFDIST_ELASTIC=1 (so `tfdist train` resumes its backup at the new size). When every worker
+    exits with RESIZE_EXIT (`tfdist.callbacks.ElasticResize`, `ElasticJoin`), it starts the
+    job at the size requested (within [min_workers, max_workers]).
+
+    With `hostfile` the job starts on its slots (at most `max_workers`), and the file is read
+    again every second: when it offers more slots than the job runs on (a host added, or slots
+    back after a loss), the launcher tells the job (TFDIST_ELASTIC_DIR/offer.json), which grows
+    at its next backup (`ElasticJoin`). Returns the exit code."""
+    offered = _slots(read_hostfile(hostfile)) if hostfile else None
+    if workers is None:
+        if offered is None:
+            raise ValueError("--elastic needs --workers N (local workers) or --hostfile")
+        workers = offered if max_workers is None else min(offered, max_workers)
     max_workers = workers if max_workers is None else max_workers
+    min_workers = workers if min_workers is None else min_workers
     if not 1 <= min_workers <= workers:
         raise ValueError(f"--min-workers must be in [1, --workers={workers}]. "
                          f"Received: {min_workers}")
@@ -262,39 +285,84 @@ def run_elastic(argv: list[str], workers: int, min_workers: int, max_restarts: i
         env = {**os.environ, "TFDIST_ELASTIC": "1", "TFDIST_ELASTIC_DIR": control,
                "TFDIST_ELASTIC_MIN_WORKERS": str(min_workers),
                "TFDIST_ELASTIC_MAX_WORKERS": str(max_workers)}
-        return _elastic_loop(argv, workers, min_workers, max_restarts, deadline, env, control,
-                             echo)
+        job = _ElasticJob(argv, env, control, min_workers, max_workers, hostfile, port, ssh)
+        return job.loop(workers, max_restarts, deadline, echo)
 
 
-def _elastic_loop(argv, size, min_workers, max_restarts, deadline, env, control, echo) -> int:
-    restarts = resizes = 0
-    while True:
-        results = run_processes(host_commands(argv, [("127.0.0.1", size)], env=env),
-                                max(1.0, deadline - time.monotonic()), echo=echo)
-        request = Path(control) / "resize.json"
-        if all(r.returncode == RESIZE_EXIT for r in results) and request.is_file() \
-                and resizes < MAX_RESIZES:
-            wanted = json.loads(request.read_text())
-            request.unlink()
-            resizes += 1
-            print(f"[launch] elastic: resizing from {size} to {wanted['size']} workers "
-                  f"({wanted['reason']})", file=sys.stderr, flush=True)
-            size = int(wanted["size"])
-            continue
-        report(results)
-        lost = lost_workers(results)
-        if not lost:
-            return 0 if all(r.returncode == 0 for r in results) else 1  # done, or timed out
-        left = size - len(lost)
-        if left < min_workers or restarts == max_restarts:
-            why = (f"{left} worker(s) left, fewer than --min-workers={min_workers}"
-                   if left < min_workers else f"--max-restarts={max_restarts} reached")
-            print(f"[launch] elastic: giving up ({why})", file=sys.stderr, flush=True)
-            return lost[0].exit_code
-        restarts += 1
-        print(f"[launch] elastic: {len(lost)} worker(s) lost; restarting on {left} workers "
-              f"(restart {restarts} of {max_restarts})", file=sys.stderr, flush=True)
-        size = left
+def _slots(hosts: list[tuple[str, int]]) -> int:
+    return sum(slots for _, slots in hosts)
+
+
+class _ElasticJob:
+    """The elastic launcher's loop: run, and on a loss, a resize request or an offer of more
+    slots, start again at the new size."""
+
+    def __init__(self, argv, env, control, min_workers, max_workers, hostfile, port, ssh):
+        self.argv, self.env, self.control = argv, env, Path(control)
+        self.min_workers, self.max_workers = min_workers, max_workers
+        self.hostfile, self.port, self.ssh = hostfile, port, ssh
+        self.hosts = read_hostfile(hostfile) if hostfile else None
+        self.size = 0
+        self.offered = 0
+
+    def _commands(self, size: int):
+        if self.hosts is None:
+            return host_commands(self.argv, [("127.0.0.1", size)], env=self.env)
+        placed, left = [], size
+        for host, slots in self.hosts:  # the first `size` slots of the hostfile
+            if left:
+                placed.append((host, min(slots, left)))
+                left -= placed[-1][1]
+        return host_commands(self.argv, placed, self.port, self.ssh, env=self.env)
+
+    def _watch(self) -> None:
+        """Reads the hostfile again; offers the job the slots it does not use (once each)."""
+        try:
+            hosts = read_hostfile(self.hostfile)
+        except ValueError:
+            return  # being rewritten, or gone: keep what we know
+        self.hosts = hosts
+        offer = min(_slots(hosts), self.max_workers)
+        if offer > max(self.size, self.offered):
+            self.offered = offer
+            path = self.control / "offer.json"
+            path.with_suffix(".tmp").write_text(json.dumps({"size": offer}))
+            os.replace(path.with_suffix(".tmp"), path)
+            print(f"[launch] elastic: {self.hostfile} offers {_slots(hosts)} slots; the job "
+                  f"grows from {self.size} to {offer} workers at its next backup",
+                  file=sys.stderr, flush=True)
+
+    def loop(self, size: int, max_restarts: int, deadline: float, echo: bool) -> int:
+        restarts = resizes = 0
+        while True:
+            self.size, self.offered = size, 0
+            (self.control / "offer.json").unlink(missing_ok=True)
+            results = run_processes(self._commands(size), max(1.0, deadline - time.monotonic()),
+                                    echo=echo, watch=self._watch if self.hostfile else None)
+            request = self.control / "resize.json"
+            if all(r.returncode == RESIZE_EXIT for r in results) and request.is_file() \
+                    and resizes < MAX_RESIZES:
+                wanted = json.loads(request.read_text())
+                request.unlink()
+                resizes += 1
+                print(f"[launch] elastic: resizing from {size} to {wanted['size']} workers "
+                      f"({wanted['reason']})", file=sys.stderr, flush=True)
+                size = int(wanted["size"])
+                continue
+            report(results)
+            lost = lost_workers(results)
+            if not lost:
+                return 0 if all(r.returncode == 0 for r in results) else 1  # done, or timed out
+            left = size - len(lost)
+            if left < self.min_workers or restarts == max_restarts:
+                why = (f"{left} worker(s) left, fewer than --min-workers={self.min_workers}"
+                       if left < self.min_workers else f"--max-restarts={max_restarts} reached")
+                print(f"[launch] elastic: giving up ({why})", file=sys.stderr, flush=True)
+                return lost[0].exit_code
+            restarts += 1
+            print(f"[launch] elastic: {len(lost)} worker(s) lost; restarting on {left} workers "
+                  f"(restart {restarts} of {max_restarts})", file=sys.stderr, flush=True)
+            size = left
 
 
 def report(results: list[WorkerResult], labels: list[str] | None = None) -> None:
@@ -313,8 +381,6 @@ def run_tf_workers(argv: list[str], num_workers: int, timeout: float,
                          echo=echo)
 
 
-DEFAULT_PORT = 23456
-DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
@@ -469,14 +535,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", type=int, default=0,
                    help="parameter-server tasks: with --workers, this many more local "
                         "processes; with hosts, the first slots")
-    elastic = p.add_argument_group("elastic TF_CONFIG workers (with --workers)")
+    elastic = p.add_argument_group("elastic TF_CONFIG workers (with --workers or --hostfile)")
     elastic.add_argument("--elastic", action="store_true",
                          help="restart on the workers left when workers fail (tfdist train "
                               "resumes its backup at the new size)")
     elastic.add_argument("--min-workers", type=int, help="elastic: fewest workers to go on with "
                          "(default: --workers)")
     elastic.add_argument("--max-workers", type=int, help="elastic: most workers a resize policy "
-                         "may grow to (default: --workers)")
+                         "or the hostfile's slots may grow the job to (default: --workers, or "
+                         "the hostfile's slots)")
     elastic.add_argument("--max-restarts", type=int, default=3,
                          help="elastic, or --ps: restarts before giving up (default 3); with "
                               "--ps a failed worker is started again and resumes")
@@ -525,12 +592,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             commands = [(cmd, dict(os.environ))]
         elif args.elastic:
-            if args.workers is None:
-                raise ValueError("--elastic runs local workers: give --workers N")
+            if args.hosts:
+                raise ValueError("--elastic takes --workers N (local workers) or --hostfile "
+                                 "(read again while the job runs), not --hosts")
             try:
-                return run_elastic(command, args.workers, args.min_workers or args.workers,
-                                   args.max_restarts, args.timeout,
-                                   max_workers=args.max_workers)
+                return run_elastic(command, args.workers, args.min_workers, args.max_restarts,
+                                   args.timeout, max_workers=args.max_workers,
+                                   hostfile=args.hostfile, port=args.port, ssh=args.ssh)
             except CommandNotFound as e:
                 print(f"[launch] {e.strerror}", file=sys.stderr)
                 return 127

@@ -36,6 +36,7 @@ from tfdist import compression
 from tfdist.callbacks import (
     BackupAndRestore,
     CommunicationStats,
+    ElasticJoin,
     ElasticResize,
     LearningRateWarmup,
     ScalarLog,
@@ -449,6 +450,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         if config["train"]["resize_policy"] == "throughput":
             callbacks.append(ElasticResize(backup, micro_batch,
                                            every=config["train"]["resize_every"]))
+        if os.environ.get("TFDIST_ELASTIC") == "1":  # grows when the launcher offers workers
+            callbacks.append(ElasticJoin(backup))
     def batches():  # the same sequence of global batches, whichever engine slices it
         return data.global_batches(micro_batch, data_cfg["seed"], start)
 

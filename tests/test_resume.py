@@ -371,6 +371,8 @@ def test_an_elastic_hostfile_sets_the_size_and_bad_combinations_are_refused(tmp_
         launch.main(["--elastic", "--", "true"])
     assert "--elastic needs --workers N (local workers) or --hostfile" in \
         capsys.readouterr().err
+    with pytest.raises(ValueError, match="must be a tfdist.callbacks.BackupAndRestore"):
+        tfdist.callbacks.ElasticJoin(keras.callbacks.BackupAndRestore(str(tmp_path)))
 
 
 def test_the_launcher_names_a_missing_command_and_a_signal(capsys):

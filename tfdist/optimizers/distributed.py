@@ -203,12 +203,19 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     def build(self, var_list):
         self.chain.build(self, var_list)
         if self.verify_model and tf.executing_eagerly():
-            self.engine.verify_same_model(var_list)
-            self.engine.verify_same_setup({"optimizer configuration": self._setup()})
+            self.verify_workers(var_list)
         super().build(var_list)
         local_sgd = self.chain.local_sgd
         if local_sgd is not None:
             local_sgd.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
+
+    def verify_workers(self, var_list) -> None:
+        """Checks, with a collective every worker must join, that all workers train the same
+        model (`var_list`: shapes and dtypes) with the same optimizer configuration; raises the
+        same clear error on every worker otherwise. `build` runs it; an elastic job runs it
+        again when ranks join (`tfdist.horovod.elastic.KerasState`)."""
+        self.engine.verify_same_model(var_list)
+        self.engine.verify_same_setup({"optimizer configuration": self._setup()})
 
     def _setup(self) -> str:
         """The configuration every worker must share: the parts' and the inner optimizer's

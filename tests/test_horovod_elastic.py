@@ -1,0 +1,83 @@
+"""Elastic Horovod with Keras 3 (`tfdist.horovod.elastic`) under `horovodrun --min-np --max-np
+--host-discovery-script`: a rank that dies and a host that joins; the job ends with the weights of
+one device training on the same global batches (nothing lost, nothing trained twice)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.conftest import ROOT, horovod_available, worker_env
+from tests.workers import elastic_horovod_worker as job
+from tfdist.tools.launch import horovodrun_command, run_processes
+
+WORKER = os.path.join(ROOT, "tests", "workers", "elastic_horovod_worker.py")
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The job on one device: the same global batches, never interrupted."""
+    x, y = tfdist.data.load_digits()
+    model = job.build()
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), loss=job.loss())
+    model.fit(tfdist.data.global_batches(x, y, job.GLOBAL_BATCH, seed=0), epochs=job.EPOCHS,
+              steps_per_epoch=job.STEPS, verbose=0)
+    return model.get_weights()
+
+
+def _elastic_run(tmp_path, mode: str, hosts: str, np_: int):
+    (tmp_path / "hosts").write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    script.chmod(0o755)
+    out = str(tmp_path / "weights.npz")
+    command = horovodrun_command([sys.executable, WORKER, out, mode, str(tmp_path / "hosts")],
+                                 np_, network_interface="lo", min_np=2, max_np=3,
+                                 host_discovery_script=str(script))
+    env = dict(worker_env(), HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    (result,) = run_processes([(command, env)], 300)
+    assert result.returncode == 0, result.output[-4000:]
+    saved = np.load(out)
+    return [saved[f"arr_{i}"] for i in range(4)], list(saved["sizes"]), result.output
+
+
+def _assert_equal(weights, reference):
+    for got, want in zip(weights, reference, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_that_dies_leaves_the_others_to_finish_the_same_training(tmp_path, reference):
+    """3 ranks (2 on localhost, 1 on 127.0.0.1); the one on 127.0.0.1 is SIGKILLed at global
+    step 8: the others restore the last commit, go on as 2 ranks from there and end with the
+    uninterrupted weights."""
+    weights, sizes, output = _elastic_run(tmp_path, "die", "localhost:2\n127.0.0.1:1\n", 3)
+    assert sizes == [3, 2], output[-3000:]
+    assert "DONE rank 0 of 2" in output and "DONE rank 1 of 2" in output
+    _assert_equal(weights, reference)
+
+
+def test_a_host_that_joins_is_used_and_changes_nothing_but_the_speed(tmp_path, reference):
+    """2 ranks on localhost; at global step 6 the discovery script starts listing 127.0.0.1:1:
+    every rank stops at its next commit, the new rank takes rank 0's state, and 3 ranks finish
+    with the uninterrupted weights."""
+    weights, sizes, output = _elastic_run(tmp_path, "join", "localhost:2\n", 2)
+    assert sizes == [2, 3], output[-3000:]
+    assert "DONE rank 2 of 3" in output
+    _assert_equal(weights, reference)
+
+
+def test_bad_use_is_refused_with_the_fix():
+    from tfdist.horovod import elastic
+
+    model = job.build()
+    with pytest.raises(ValueError, match="needs a compiled model"):
+        elastic.KerasState(model, epoch=0)
+    with pytest.raises(ValueError, match="batches_per_commit must be an integer >= 1"):
+        elastic.CommitState(None, batches_per_commit=0)

@@ -1,0 +1,84 @@
+"""A Keras 3 job under elastic horovodrun (`tfdist.horovod.elastic`).
+
+`python elastic_horovod_worker.py OUT MODE HOSTS`, MODE "die" or "join":
+* die: the rank on host 127.0.0.1 kills itself (SIGKILL) at global step 8, once;
+* join: rank 0 adds `127.0.0.1:1` to the discovery file HOSTS at global step 6.
+Rank 0 writes the final weights and the world sizes it trained at to OUT (npz).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import keras
+import numpy as np
+
+import tfdist
+import tfdist.horovod as thvd
+from tfdist.horovod import elastic
+
+STEPS, EPOCHS, GLOBAL_BATCH, DIE_AT, JOIN_AT = 12, 3, 48, 8, 6
+
+
+def build() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                             keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+
+
+def loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Fault(keras.callbacks.Callback):
+    def __init__(self, state, mode: str, hosts: str, marker: str):
+        super().__init__()
+        self.state, self.mode, self.hosts, self.marker = state, mode, hosts, marker
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.state.epoch * STEPS + self.state.batch
+        if self.mode == "join" and thvd.size() < 3:
+            time.sleep(0.3)  # time for Horovod to see the new host before the job ends
+        if os.path.exists(self.marker):
+            return
+        if self.mode == "die" and step == DIE_AT and \
+                os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1":
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.mode == "join" and step == JOIN_AT and thvd.rank() == 0:
+            open(self.marker, "w").close()
+            with open(self.hosts, "a") as f:
+                f.write("127.0.0.1:1\n")
+
+
+def main(out: str, mode: str, hosts: str) -> None:
+    thvd.init()
+    x, y = tfdist.data.load_digits()
+    model = build()
+    model.compile(tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss=loss())
+    state = elastic.KerasState(model, epoch=0, batch=0)
+    sizes = []
+
+    @elastic.run
+    def train(state):
+        sizes.append(thvd.size())
+        step = state.epoch * STEPS + state.batch
+        data = tfdist.data.shard_batches(
+            tfdist.data.global_batches(x, y, GLOBAL_BATCH, seed=0, start=step),
+            thvd.rank(), thvd.size())
+        model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
+                  callbacks=[tfdist.callbacks.StartAt(step, STEPS), *elastic.callbacks(state),
+                             Fault(state, mode, hosts, out + ".fault")])
+
+    train(state)
+    if thvd.rank() == 0:
+        np.savez(out, *model.get_weights(), sizes=np.array(sizes))
+    print(f"DONE rank {thvd.rank()} of {thvd.size()}; sizes {sizes}", flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,187 @@
+"""Elastic Horovod for Keras 3: a state object, callbacks and the `run` decorator.
+
+Under `horovodrun --min-np A --max-np B --host-discovery-script S`, ranks may die and hosts may
+join while the job runs. Horovod's own Keras state and callbacks (`hvd.elastic.KerasState`) are
+written for tf.keras and fail on Keras 3; these work with Keras 3 models and tfdist optimizers:
+
+    import tfdist.horovod as thvd
+    from tfdist.horovod import elastic
+
+    thvd.init()
+    model.compile(tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...)
+    state = elastic.KerasState(model, epoch=0, batch=0)
+
+    @elastic.run
+    def train(state):
+        step = state.epoch * steps_per_epoch + state.batch   # global batches done, committed
+        data = tfdist.data.shard_batches(tfdist.data.global_batches(x, y, 48, start=step),
+                                         thvd.rank(), thvd.size())
+        model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                  callbacks=[tfdist.callbacks.StartAt(step, steps_per_epoch),
+                             *elastic.callbacks(state)])
+
+    train(state)
+
+How it goes: `callbacks(state)` record the epoch and the batch and commit the state (a copy of
+every model and optimizer variable in host memory) every `batches_per_commit` batches. When a
+rank dies, the others' next collective fails: `run` restores the last commit, re-initialises
+Horovod on the ranks left, broadcasts rank 0's state and calls `train` again, which goes on from
+the committed step with the same global batches re-sliced over the new ranks (nothing lost or
+trained twice). When a host joins, every rank stops at its next commit, and the newcomer gets rank
+0's state. Keras' compiled step is built again after each reset (the number of ranks is part of
+it). Variables that differ between ranks (error-feedback residuals, local SGD's models) take rank
+0's values at a reset; ZeRO's shards are refused (they are each rank's own).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.exceptions import HorovodInternalError
+
+from tfdist.comm import HorovodEngine, activate
+from tfdist.comm.horovod import import_horovod
+
+__all__ = ["CommitState", "KerasState", "UpdateState", "callbacks", "run"]
+
+
+class KerasState(ObjectState):
+    """The training state Horovod keeps in memory, commits and broadcasts: every variable of
+    `model` and of its optimizer, plus the keyword values (e.g. `epoch=0, batch=0`), exposed as
+    attributes.
+
+    Args:
+        model: A compiled Keras model (built, or built here by its optimizer's first use).
+        **kwargs: Python values kept with it (numbers, strings), as `hvd.elastic.ObjectState`.
+    """
+
+    def __init__(self, model: keras.Model, **kwargs):
+        hvd = import_horovod()
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError("KerasState needs a compiled model (model.compile(optimizer=...)).")
+        sharded = getattr(model.optimizer, "sharded_variables", None)
+        if sharded is not None and list(sharded()):
+            raise ValueError("KerasState cannot keep a ZeRO optimizer's state: its shards are "
+                             "each rank's own and cannot be re-cut when ranks come and go. Use "
+                             "tfdist.DistributedOptimizer, or BackupAndRestore(elastic=True) "
+                             "under the TF_CONFIG elastic launcher.")
+        self.model = model
+        self._values: list | None = None
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
+        self.register_reset_callbacks([self._after_reset])
+
+    def _variables(self) -> list:
+        optimizer = self.model.optimizer
+        if not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        seen, out = set(), []
+        for v in [*self.model.variables, *optimizer.variables]:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        return out
+
+    def save(self) -> None:
+        """Copies every variable to host memory (a commit)."""
+        self._values = [v.numpy() for v in self._variables()]
+        super().save()
+
+    def restore(self) -> None:
+        """Puts the last commit back (after a rank died mid-step)."""
+        if self._values is not None:
+            for v, value in zip(self._variables(), self._values, strict=True):
+                v.assign(value)
+        super().restore()
+
+    def sync(self) -> None:
+        """Every rank takes rank 0's variables and values, then commits them. First, the
+        workers' models and optimizer configurations are checked against each other: a rank
+        that starts now builds its optimizer (whose build checks), the others check again, so
+        the collectives pair up."""
+        hvd = import_horovod()
+        optimizer = self.model.optimizer
+        if not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        elif getattr(optimizer, "verify_model", False) and hasattr(optimizer, "verify_workers"):
+            optimizer.verify_workers(self.model.trainable_variables)
+        variables = self._variables()
+        hvd.broadcast_variables([v.value if isinstance(v, keras.Variable) else v
+                                 for v in variables], root_rank=0)
+        super().sync()
+        self.save()
+
+    def _after_reset(self) -> None:
+        activate(HorovodEngine())  # the new world
+        for name in ("train_function", "test_function", "predict_function"):
+            setattr(self.model, name, None)  # traced for the old number of ranks
+
+
+class UpdateState(keras.callbacks.Callback):
+    """Keeps `state.epoch` (the epoch being trained) and `state.batch` (its batches done)."""
+
+    def __init__(self, state: KerasState):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch != self.state.epoch:
+            self.state.epoch, self.state.batch = epoch, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch, self.state.batch = epoch + 1, 0
+
+
+class CommitState(keras.callbacks.Callback):
+    """Commits `state` every `batches_per_commit` batches and at each epoch's end; a commit also
+    checks for hosts added or removed (every rank stops there together)."""
+
+    def __init__(self, state: KerasState, batches_per_commit: int = 1):
+        super().__init__()
+        if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) \
+                or batches_per_commit < 1:
+            raise ValueError(f"batches_per_commit must be an integer >= 1. Received: "
+                             f"{batches_per_commit!r}")
+        self.state, self.batches_per_commit = state, batches_per_commit
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.batches_per_commit == 0:
+            self.state.commit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.commit()
+
+
+def callbacks(state: KerasState, batches_per_commit: int = 1) -> list[keras.callbacks.Callback]:
+    """The callbacks an elastic `fit` needs, in order: `UpdateState`, then `CommitState`."""
+    return [UpdateState(state), CommitState(state, batches_per_commit)]
+
+
+def run(func):
+    """`hvd.elastic.run` for tfdist: calls `func(state, ...)` again after every reset (a rank
+    lost or a host added), with Horovod re-initialised, tfdist's engine re-activated and the state
+    synchronised from rank 0. A collective that fails because a rank died (TensorFlow reports it
+    as an UnknownError or an Aborted/Unavailable error naming Horovod) counts as Horovod's
+    internal error: the last commit is restored first."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except (tf.errors.UnknownError, tf.errors.AbortedError, tf.errors.UnavailableError,
+                tf.errors.InternalError, tf.errors.FailedPreconditionError) as error:
+            if "Horovod" not in error.message:
+                raise
+            raise HorovodInternalError(error) from error
+
+    def reset():
+        hvd = import_horovod()
+        hvd.shutdown()
+        hvd.init()
+
+    return run_fn(wrapper, reset)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.workers import common
-from tfdist.comm import ring_bytes
+from tfdist.comm import replica_copies, ring_bytes
 from tfdist.compression import PowerSGD
 from tfdist.optimizers import AutoExchange, Candidate, GradientExchange
 from tfdist.optimizers.auto import DECIDED, next_move
@@ -185,3 +185,57 @@ def test_bad_configs_are_refused_before_training(overrides, match):
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+# -- local SGD as a candidate ------------------------------------------------------------------
+def test_a_slow_link_picks_local_sgd_whose_averaging_rounds_are_rare():
+    """Dense (2.2e7 wire bytes every step) against local SGD with period 8 (one averaging round
+    of the same bytes every 8 steps), both measured at 0.05 s of compute, 100 Mbit/s: local SGD's
+    estimate is 0.05 + (1e-3 + 2.2e7 / 12.5e6) / 8 s, and it is picked."""
+    f64 = lambda v: tf.constant(v, tf.float64)  # noqa: E731
+    step, exchange = [0.05 + 1e-3 + 2.2e7 / 12.5e6, 0.05], [1e-3 + 2.2e7 / 12.5e6, 0.0]
+    nxt, best, estimate = next_move(f64(step), f64(exchange), f64([1e-3, 1 / 12.5e6]),
+                                    f64([1.0, 1.0]), f64([2.2e7, 2.2e7]), f64([1.0, 1.0]),
+                                    tf.constant(1, tf.int64), f64(1.5), periods=f64([1.0, 8.0]))
+    assert (int(nxt), int(best)) == (-1, 1)
+    assert estimate.numpy()[1] == pytest.approx(0.05 + (1e-3 + 2.2e7 / 12.5e6) / 8)
+    # on a fast link the rounds cost little either way, and a steps factor decides
+    nxt, best, _ = next_move(f64([0.052, 0.05]), f64([0.002, 0.0]), f64([1e-4, 1 / 1.25e9]),
+                             f64([1.0, 1.0]), f64([2.2e7, 2.2e7]), f64([1.0, 1.2]),
+                             tf.constant(1, tf.int64), f64(1.5), periods=f64([1.0, 8.0]))
+    assert int(best) == 0
+
+
+def test_a_local_sgd_candidate_trains_exactly_like_local_sgd(mirrored):
+    from tfdist.averaging import PeriodicSchedule
+    from tfdist.optimizers import LocalSGD
+
+    fixed, _ = _train_parts(mirrored(2), 10, [LocalSGD(PeriodicSchedule(4, warmup_steps=0))])
+    auto, opt = _train_parts(mirrored(2), 10, [AutoExchange(
+        [Candidate("local4", local_period=4)], probe_steps=2)])
+    common.assert_weights_close(common.weights(auto), common.weights(fixed), rtol=1e-6,
+                                atol=1e-7)
+    report = opt.chain.part(AutoExchange).report()
+    assert report["choice"] == "local4"
+    assert report["candidates"][0]["collectives_per_step"] == pytest.approx(1 / 4)
+
+
+def test_leaving_a_local_candidate_averages_the_models_first(mirrored):
+    """local SGD is measured first (the replicas' models drift apart), then dense; local SGD's
+    steps factor makes dense the pick: from the switch on every replica holds the same model,
+    and the config round-trips."""
+    strategy = mirrored(2)
+    candidates = [{"name": "local8", "local_period": 8, "steps_factor": 100.0},
+                  Candidate("dense", None)]
+    model, opt = _train_parts(strategy, 12, [AutoExchange(candidates, explore=1e6,
+                                                          probe_steps=3)])
+    auto = opt.chain.part(AutoExchange)
+    assert auto.choice == "dense" and all(c["measured"] for c in auto.report()["candidates"])
+    for v in model.trainable_variables:
+        first, second = (np.asarray(c.numpy()) for c in replica_copies(v))
+        np.testing.assert_array_equal(first, second)
+    assert AutoExchange(**auto.get_config()).candidates[0].local_period == 8
+    with pytest.raises(ValueError, match="local SGD .* give no compressor"):
+        AutoExchange([Candidate("x", "fp16", local_period=4)])
+    with pytest.raises(ValueError, match="local_period"):
+        AutoExchange([Candidate("x", None, local_period=0)])

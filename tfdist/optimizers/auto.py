@@ -19,6 +19,13 @@ measures instead of asking the user to know:
 4. It keeps the smallest step time of every `recheck_every` steps; when it drifts by more than
    `drift` from the time the decision was made with, it measures again.
 
+A candidate may also be local SGD (`Candidate(..., local_period=P)`): each replica applies its
+own gradients and the models are averaged (one dense all-reduce of the weights) every P steps.
+Its cost is its measured local step plus the link model's averaging round divided by P, and its
+steps factor is the user's evidence (the local_sgd suite: H <= 8 reached synchronous training's
+accuracy in as many steps on the digits CNN). When the pick moves away from a local candidate the
+models are averaged first, so every replica continues from the same weights.
+
 Every worker takes the same decision: the measurements are all-gathered and the slowest
 worker's numbers (the one a synchronous step waits for) decide, the same arithmetic on the same
 values. Each decision is printed once (by rank 0) with its numbers, and `report()` returns them.
@@ -31,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +46,7 @@ import tensorflow as tf
 
 from tfdist import compression
 from tfdist.arguments import check_int, check_number
+from tfdist.averaging.rounds import average
 from tfdist.comm import ByteCounter, ring_bytes
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
@@ -61,17 +70,21 @@ class Candidate:
         bucket_bytes: The size of its all-reduce buckets (None: one call for all gradients);
             two candidates that differ only here let the measured step time pick the bucket
             size. Defaults to the exchange's default, 25 MiB.
+        local_period: 1 (default): the gradients are exchanged every step. P > 1: local SGD,
+            each replica steps on its own gradients and the models are averaged every P steps
+            (no compressor).
     """
 
     name: str
     compressor: Any = None
     steps_factor: float = 1.0
     bucket_bytes: int | None = DEFAULT_BUCKET_BYTES
+    local_period: int = 1
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "compressor": compression.serialize(
             compression.get(self.compressor)), "steps_factor": self.steps_factor,
-            "bucket_bytes": self.bucket_bytes}
+            "bucket_bytes": self.bucket_bytes, "local_period": self.local_period}
 
 
 # Tried in this order: the least bytes first, so a slow link never runs the expensive ones.
@@ -86,10 +99,45 @@ def _candidate(value) -> Candidate:
     if isinstance(value, Candidate):
         return value
     if isinstance(value, dict) and set(value) <= {"name", "compressor", "steps_factor",
-                                                  "bucket_bytes"} and "name" in value:
+                                                  "bucket_bytes", "local_period"} \
+            and "name" in value:
         return Candidate(**value)
     raise ValueError(f"A candidate is a tfdist.optimizers.Candidate or a mapping with `name`, "
-                     f"`compressor`, `steps_factor` and `bucket_bytes`. Received: {value!r}")
+                     f"`compressor`, `steps_factor`, `bucket_bytes` and `local_period`. "
+                     f"Received: {value!r}")
+
+
+class _LocalSteps:
+    """A local SGD candidate's step: the replica's own gradients applied, the models averaged
+    every `period` steps (`average_now` also on demand)."""
+
+    def __init__(self, period: int):
+        self.period = period
+
+    def build(self, owner, var_list, engine) -> None:
+        self._since = owner.add_variable(shape=(), dtype="int64", aggregation="none",
+                                         name="auto_local_since", initializer="zeros")
+
+    def variables(self) -> list:
+        return [self._since]
+
+    def per_replica_variables(self) -> list:
+        return []
+
+    def average_now(self, ctx, also=()) -> None:
+        average(ctx.comm, [*ctx.variables, *also])
+        ctx.traffic.add_round()
+        self._since.assign(0)
+
+    def step(self, ctx, grads, next) -> None:
+        del next  # nothing goes on to the exchange: the replica applies its own gradients
+        holes = Holes(grads)
+        scale = ctx.comm.world_size  # gradients come divided by the replicas (see parts.py)
+        (ctx.apply_local or ctx.apply)(holes.refill([g * tf.cast(scale, g.dtype)
+                                                     for g in holes.values]))
+        since = self._since + 1
+        self._since.assign(since)
+        ctx.comm.cond(since >= self.period, lambda: self.average_now(ctx), lambda: None)
 
 
 def _fastest(comm, elements: int, repeats: int):
@@ -125,31 +173,37 @@ class _Recorder(ByteCounter):
             super().add_call()
 
 
-def estimates(step_s, exchange_s, link, calls, wire_bytes, factors):
+def estimates(step_s, exchange_s, link, calls, wire_bytes, factors, periods=None):
     """Each candidate's estimated step time (measured, or compute + the link model) and its time
     per dense-step-equivalent (step time x steps factor). Measured entries are finite.
 
     Args:
         step_s, exchange_s: [K] measured step and exchange seconds (inf: not measured).
         link: [2] latency in seconds and seconds per byte.
-        calls, wire_bytes: [K] each candidate's collective calls and wire bytes per step.
+        calls, wire_bytes: [K] each candidate's collective calls and wire bytes per exchange.
         factors: [K] steps factors.
+        periods: [K] steps per exchange (local SGD's averaging period; 1: every step, the
+            default). A local candidate's measured step is a local one (the fastest probe
+            step), so its averaging round, modelled, is added divided by its period.
     """
+    periods = tf.ones_like(step_s) if periods is None else periods
     measured = tf.math.is_finite(step_s)
     compute = tf.reduce_min(tf.where(measured, step_s - exchange_s, INF))
     compute = tf.where(tf.math.is_finite(compute), tf.maximum(compute, 0.0), 0.0)
-    model = compute + calls * link[0] + wire_bytes * link[1]
-    step = tf.where(measured, step_s, model)
+    link_s = (calls * link[0] + wire_bytes * link[1]) / periods
+    model = compute + link_s
+    step = tf.where(measured, step_s + tf.where(periods > 1, link_s, 0.0), model)
     return step, step * factors
 
 
-def next_move(step_s, exchange_s, link, calls, wire_bytes, factors, current, explore):
+def next_move(step_s, exchange_s, link, calls, wire_bytes, factors, current, explore,
+              periods=None):
     """After candidate `current` was measured: (the next candidate to measure, or -1 to decide,
     the best candidate, every candidate's estimated step time).
 
     The next one is the first after `current` (in the candidates' order) whose estimated time
     per dense-step-equivalent is within `explore` x the best measured one."""
-    step, cost = estimates(step_s, exchange_s, link, calls, wire_bytes, factors)
+    step, cost = estimates(step_s, exchange_s, link, calls, wire_bytes, factors, periods)
     measured = tf.math.is_finite(step_s)
     best_measured = tf.reduce_min(tf.where(measured, cost, INF))
     k = tf.shape(step_s, out_type=tf.int64)[0]
@@ -196,7 +250,12 @@ class AutoExchange(Part):
         for c in self.candidates:
             check_number(f"steps_factor of candidate {c.name!r}", c.steps_factor, 0,
                          low_open=True, high=1e6)
-        self.exchanges = [GradientExchange(c.compressor, bucket_bytes=c.bucket_bytes)
+            check_int(f"local_period of candidate {c.name!r}", c.local_period, 1)
+            if c.local_period > 1 and c.compressor is not None:
+                raise ValueError(f"Candidate {c.name!r}: local SGD (local_period="
+                                 f"{c.local_period}) averages whole models; give no compressor.")
+        self.exchanges = [_LocalSteps(c.local_period) if c.local_period > 1 else
+                          GradientExchange(c.compressor, bucket_bytes=c.bucket_bytes)
                           for c in self.candidates]
         self.single = GradientExchange()  # one worker: the identity
         self.probe_steps = check_int("probe_steps", probe_steps, 2)
@@ -205,6 +264,7 @@ class AutoExchange(Part):
         self.recheck_every = check_int("recheck_every", recheck_every, 1)
         self.drift = check_number("drift", drift, 0, low_open=True, high=1e6)
         self.static: list[tuple[float, int]] = [(0.0, 0)] * len(self.candidates)
+        self.optimizer_state: Callable[[], list] = list  # set by the owner: its slot variables
 
     # -- state -----------------------------------------------------------------------------------
     def build(self, owner, var_list, engine) -> None:
@@ -232,13 +292,15 @@ class AutoExchange(Part):
         self._window = var("auto_window_seconds", value=np.inf)
         self._since = var("auto_since_check", dtype="int64", value=0)
         self._decided_s = var("auto_decided_seconds", value=np.inf)
+        self._previous = var("auto_previous", dtype="int64", value=0)  # the last step's pick
         self.world_size = engine.world_size
         self.built = True
 
     def own_variables(self) -> list:
         return [self._state, self._current, self._count, self._decisions, self._step_s,
                 self._exchange_s, self._estimate_s, self._link, self._t0, self._last,
-                self._exchange_now, self._window, self._since, self._decided_s]
+                self._exchange_now, self._window, self._since, self._decided_s,
+                self._previous]
 
     def variables(self) -> list:
         return [v for e in self.exchanges for v in e.variables()] + self.own_variables()
@@ -267,9 +329,16 @@ class AutoExchange(Part):
                 recorder = _Recorder(ctx.comm.counter)
                 comm = copy.copy(ctx.comm)
                 comm.counter = recorder
+                if isinstance(self.exchanges[i], _LocalSteps):
+                    self._exchange_now.assign(0.0)  # its averaging round is modelled
                 self.exchanges[i].step(ctx.replace(comm=comm), holes.refill(list(values)),
                                        timed_next)
                 self.static[i] = (recorder.nbytes, recorder.ncalls)
+                if isinstance(self.exchanges[i], _LocalSteps):
+                    # One all-reduce of the model per round (its trace may be counted in
+                    # another replica's recorder: the round runs under a merged cond).
+                    self.static[i] = (ring_bytes("all_reduce", self._gradient_bytes(ctx),
+                                                 self.world_size), 1)
             return run
 
         def switch(i, *values):
@@ -338,6 +407,23 @@ class AutoExchange(Part):
                       lambda: None)
         ctx.comm.cond(decided & (self._since >= self.recheck_every), lambda: self._recheck(ctx),
                       lambda: None)
+        self._leave_local(ctx)
+
+    def _leave_local(self, ctx) -> None:
+        """Averages the models and the optimizer's slots (local steps moved each replica's own
+        momentum) when the pick has just moved away from a local candidate (or a re-check starts
+        measuring again), so every replica goes on from the same state."""
+        local = [i for i, e in enumerate(self.exchanges) if isinstance(e, _LocalSteps)]
+        if not local:
+            return
+        left = tf.not_equal(self._previous, self._current) | tf.equal(self._state, PROBE_LINK)
+        for i in local:
+            exchange = self.exchanges[i]
+            assert isinstance(exchange, _LocalSteps)
+            ctx.comm.cond(left & tf.equal(self._previous, i),
+                          lambda e=exchange: e.average_now(ctx, self.optimizer_state()),
+                          lambda: None)
+        self._previous.assign(self._current)
 
     def _slowest(self, ctx, values: list) -> list:
         """Every worker's values all-gathered, the largest of each kept: the same on all."""
@@ -355,8 +441,10 @@ class AutoExchange(Part):
         calls = tf.constant([float(c) for _, c in self.static], tf.float64)
         wire = tf.constant([b for b, _ in self.static], tf.float64)
         factors = tf.constant([c.steps_factor for c in self.candidates], tf.float64)
+        periods = tf.constant([float(c.local_period) for c in self.candidates], tf.float64)
         nxt, best, estimate = next_move(step_s, exchange_s, link, calls, wire, factors,
-                                        self._current, tf.constant(self.explore, tf.float64))
+                                        self._current, tf.constant(self.explore, tf.float64),
+                                        periods)
         deciding = nxt < 0
         self._step_s.assign(step_s)
         self._exchange_s.assign(exchange_s)
@@ -427,8 +515,9 @@ class AutoExchange(Part):
             "candidates": [
                 {"name": c.name, "measured": bool(math.isfinite(step[i])),
                  "step_s": number(estimate[i]), "steps_factor": c.steps_factor,
-                 "wire_bytes_per_step": self.static[i][0],
-                 "collectives_per_step": self.static[i][1]}
+                 "local_period": c.local_period,
+                 "wire_bytes_per_step": self.static[i][0] / c.local_period,
+                 "collectives_per_step": self.static[i][1] / c.local_period}
                 for i, c in enumerate(self.candidates)],
         }
 

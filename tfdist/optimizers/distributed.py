@@ -205,9 +205,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         if self.verify_model and tf.executing_eagerly():
             self.verify_workers(var_list)
         super().build(var_list)
-        local_sgd = self.chain.local_sgd
-        if local_sgd is not None:
-            local_sgd.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
+        for part in self.chain.parts:  # local SGD's (and AutoExchange's) view of the slots
+            if hasattr(part, "optimizer_state"):
+                part.optimizer_state = lambda: optimizer_slots(self.inner_optimizer)
 
     def verify_workers(self, var_list) -> None:
         """Checks, with a collective every worker must join, that all workers train the same

@@ -92,7 +92,8 @@ def test_tensor_parallel_backward_runs_on_each_block_device():
 
     placed = executed_devices(step)
     grad_matmuls = [(n, d) for n, (d, op) in placed.items()
-                    if "MatMul" in op and "gradient" in n.lower()]
+                    if "MatMul" in op and "gradient" in n.lower()
+                    and "stage" not in n]  # not a pipeline graph an earlier test left traced
     assert {d[-5:] for _, d in grad_matmuls} == {"CPU:0", "CPU:1"}, grad_matmuls
 
 

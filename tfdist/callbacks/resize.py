@@ -152,10 +152,15 @@ class ElasticResize(keras.callbacks.Callback):
 
     def _write(self, name: str, value: dict) -> None:
         assert self.directory is not None
-        path = os.path.join(self.directory, name)
-        with open(path + ".tmp", "w") as f:
-            json.dump(value, f)
-        os.replace(path + ".tmp", path)
+        _write(self.directory, name, value)
+
+
+def _write(directory: str, name: str, value: dict) -> None:
+    """Writes `value` as JSON to directory/name, whole or not at all (the launcher reads it)."""
+    path = os.path.join(directory, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
 
 
 class ElasticJoin(keras.callbacks.Callback):
@@ -219,8 +224,5 @@ class ElasticJoin(keras.callbacks.Callback):
                   f"step {self._seen} resumes on {offered}")
         if engine.is_chief:
             print(f"[tfdist] elastic: {reason}", flush=True)
-            path = os.path.join(self.directory, REQUEST)
-            with open(path + ".tmp", "w") as f:
-                json.dump({"size": offered, "reason": reason}, f)
-            os.replace(path + ".tmp", path)
+            _write(self.directory, REQUEST, {"size": offered, "reason": reason})
         raise SystemExit(RESIZE_EXIT)

@@ -80,7 +80,9 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
     assert models.breakdown(row, None, 0.0) == {}
     assert models.breakdown({**row, "step_ms": 120.0}, 50.0, 20.0)["rest_ms"] < 0
     lines = models.breakdown_table([{**row, **parts}]).splitlines()
-    assert lines[2] == "| m | 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 |"
+    assert lines[2] == "| m | 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
+    timed = {**row, **parts, "startup_s": 21.46, "first_step_s": 13.62}
+    assert models.breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
     for name, positive in (("powersgd.yaml", True), ("default.yaml", False)):
         run_dir = tmp_path / name
         run_dir.mkdir()

@@ -46,6 +46,7 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
         assert out.returncode == 0, out.stderr[-4000:]
         assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
         assert "collectives/step  1.00" in out.stdout
+        assert "to the end of the first step (imports" in out.stdout
         assert len(out.stderr.strip().splitlines()) <= 10, out.stderr
     runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert len(runs) == 2 and all(str(r) in out.stdout for r, out in zip(runs, (first, second)))
@@ -56,6 +57,13 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
         assert summary["test_accuracy"] > 0.8
         assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2
         assert summary["communication_rounds"] == summary["steps"]
+        # Start-up: the parts are measured (imports take > 1 s; the first step traces) and
+        # add up to the total printed.
+        up = summary["startup_seconds"]
+        assert up["before_train"] > 1.0 and up["setup"] > 0 and up["first_step"] > 0
+        assert up["fit_before_first_step"] >= 0
+        parts = sum(v for k, v in up.items() if k != "total")
+        assert up["total"] == pytest.approx(parts, abs=0.005)
         scalars = _scalars(run)
         assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
         assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [

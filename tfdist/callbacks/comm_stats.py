@@ -12,15 +12,25 @@ from tfdist.optimizers import chain_of
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Collects the wall time of each training batch (seconds) in `times`."""
+    """Collects the wall time of each training batch (seconds) in `times`, and when `fit`
+    began and its first batch began (`time.time()`, in `fit_began` and `first_step_began`):
+    what `fit` spends before its first step (the dataset's iterator, callbacks)."""
 
     def __init__(self):
         super().__init__()
         self.times: list[float] = []
         self._start = 0.0
+        self.fit_began: float | None = None
+        self.first_step_began: float | None = None
+
+    def on_train_begin(self, logs=None):
+        if self.fit_began is None:
+            self.fit_began = time.time()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._start = time.perf_counter()
+        if self.first_step_began is None:
+            self.first_step_began = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
         self.times.append(time.perf_counter() - self._start)

@@ -211,6 +211,12 @@ def _print_summary(s: dict) -> None:
         print(f"vs dense          {s['bytes_ratio_vs_dense']:.4f} of the "
               f"{s['dense_bytes_per_step']:,.0f} bytes/step a dense all-reduce sends")
     print(f"time              {s['train_seconds']:.1f} s")
+    up = s["startup_seconds"]
+    print(f"start-up          {up['total']:.1f} s to the end of the first step ("
+          + ", ".join(f"{name.replace('_', ' ')} {up[key]:.1f} s" for key, name in (
+              ("before_train", "imports"), ("setup", "set-up"),
+              ("fit_before_first_step", "fit before it"), ("first_step", "first step"))
+              if up[key] is not None) + ")")
     print(f"run directory     {s['run_dir']} (summary.json" + (", model.keras" if s["model_path"]
                                                                else "") + ", tensorboard/)")
 

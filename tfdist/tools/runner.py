@@ -395,6 +395,37 @@ def _verbosity(config: dict[str, Any], job: Job, progress: bool) -> int:
     return verbose
 
 
+def _process_start() -> float | None:
+    """When this process started (`time.time()` scale; Linux's /proc, else None)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _startup(started: float, timer: StepTimer) -> dict[str, float | None]:
+    """Where the time before the second step went (seconds): `before_train` from the process'
+    start to `train` (interpreter, imports, config; None where /proc is missing), `setup` to
+    `fit` (cluster, data, model, compile), `fit_before_first_step` (the dataset's iterator,
+    callbacks), `first_step` (tracing, first collectives), and their `total`."""
+    process = _process_start()
+    parts = {
+        "before_train": None if process is None else max(started - process, 0.0),
+        "setup": (timer.fit_began or started) - started,
+        "fit_before_first_step": ((timer.first_step_began or 0.0) - (timer.fit_began or 0.0)
+                                  if timer.first_step_began else None),
+        "first_step": timer.times[0] if timer.times else None,
+    }
+    rounded: dict[str, float | None] = {k: None if v is None else round(v, 3)
+                                        for k, v in parts.items()}
+    rounded["total"] = round(sum(v for v in parts.values() if v is not None), 3)
+    return rounded
+
+
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Trains as `config` says; returns the run summary, which the chief also writes, with the
     model and the config, to the run directory (`summary["run_dir"]`)."""
@@ -558,6 +589,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         # Hogwild: updates applied and their staleness (other replicas' updates before it).
         "hogwild": optimizer.report() if job.name == "hogwild" else None,
         "train_seconds": round(train_seconds, 2),
+        "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
         "epoch_log": evaluation.log if evaluation else None,

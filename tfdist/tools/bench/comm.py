@@ -291,6 +291,9 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / steps,
             "step_ms": s["step_ms_median"], "parameters": s["trainable_parameters"],
             "auto_choice": (s.get("auto") or {}).get("choice"),
+            # Worker 0's seconds from its process' start to the end of its first step.
+            "startup_s": (s.get("startup_seconds") or {}).get("total"),
+            "first_step_s": (s.get("startup_seconds") or {}).get("first_step"),
             "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
                       for r in s["epoch_log"]]}
 

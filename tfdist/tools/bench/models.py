@@ -149,13 +149,19 @@ def breakdown(row: dict, compute_ms: float | None, compressor: float) -> dict:
 
 def breakdown_table(rows: list[dict]) -> str:
     lines = ["| model | hosts | link | algorithm | step (ms) | compute | wire at link rate | "
-             "compressor | rest |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+             "compressor | rest | start-up (s) | first step (s) |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "compute_ms" in r:
             lines.append(f"| {r['model']} | {r['hosts']} | {r['bandwidth']} | {r['label']} | "
                          f"{r['step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
-                         f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} |")
+                         f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
+                         f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def table(rows: list[dict]) -> str:

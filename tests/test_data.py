@@ -42,3 +42,17 @@ def test_distribute_gives_replica_r_slice_r(mirrored):
     with pytest.raises(ValueError, match="multiple of 4"):
         distribute(strategy, x, y, 10)
 
+
+
+def test_a_repeating_sequence_says_it_is_endless_and_a_finite_one_ends():
+    """An endless dataset spares tf.distribute's per-step check, across workers, that every
+    worker still has data (one collective call per multi-worker step otherwise)."""
+    import tensorflow as tf
+
+    x = np.arange(40, dtype=np.float32)[:, None]
+    y = np.arange(40, dtype=np.int32)
+    endless = global_batches(x, y, 8, seed=1)
+    assert endless.cardinality() == tf.data.INFINITE_CARDINALITY
+    assert len(list(endless.take(12))) == 12  # runs past the 5 batches of an epoch
+    finite = global_batches(x, y, 8, seed=1, repeat=False)
+    assert finite.cardinality() != tf.data.INFINITE_CARDINALITY and len(list(finite)) == 5

@@ -111,7 +111,13 @@ def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = 
             [per_epoch, global_batch_size])))
         return batches.skip(first - first_epoch * per_epoch)
 
-    return _origin(start).flat_map(sequence).map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+    batches = _origin(start).flat_map(sequence).map(lambda i: (tf.gather(xs, i),
+                                                              tf.gather(ys, i)))
+    # Said to be endless, a repeating sequence spares every multi-worker step tf.distribute's
+    # check that all workers still have data (a collective call per step, for a last partial
+    # batch that never comes).
+    return batches.apply(tf.data.experimental.assert_cardinality(
+        tf.data.INFINITE_CARDINALITY)) if repeat else batches
 
 
 def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.Dataset:

@@ -42,6 +42,10 @@ class Chain:
         self.engine: Engine | None = engine
         self.traffic = Traffic()
         self.owner = None
+        # Set while a step is traced between `loss_factor` (the owner's `scale_loss`) and
+        # `update`: the backward pass then yields the gradients in the chain's units.
+        self._loss_prescaled = False
+        self.prescaled_traces = 0  # steps traced with the scale on the loss (tests read it)
 
     def build(self, owner, var_list) -> None:
         """Resolves the engine and creates every part's state as variables of `owner`."""
@@ -56,13 +60,37 @@ class Chain:
     def built(self) -> bool:
         return self.traffic.built
 
+    def loss_factor(self) -> tf.Tensor | None:
+        """What the owner's `scale_loss` multiplies this step's loss by (None: nothing), so
+        that the backward pass yields gradients in the chain's units, which would otherwise
+        take a pass over every gradient: 1/N on engines whose loss is each replica's own mean
+        (Horovod; parts.py's convention), and N on local SGD's local steps (each replica
+        steps on its own whole gradient). A multiple of a scalar in place of passes over the
+        model's size; the next `update` traced takes the gradients as they come. Not with
+        gradient-norm tracking or accumulation, whose norms and buffers stay in the chain's
+        units (a checkpoint taken between micro-steps resumes on any engine)."""
+        engine = self.engine
+        if (not self.built or engine is None or engine.world_size == 1
+                or self.norms is not None or self.accumulation is not None):
+            return None
+        n = engine.world_size
+        share = 1.0 if engine.loss_divided_by_replicas else 1.0 / n
+        local = self.local_sgd
+        if local is None and share == 1.0:
+            return None
+        self._loss_prescaled = True
+        return tf.constant(share) if local is None else local.loss_factor(n) * share
+
     def update(self, grads: list, variables: list, apply: Callable[[list], None]) -> None:
         """Runs one step: `grads` through the parts, ending in `apply(reduced grads)`."""
         assert self.engine is not None and self.owner is not None
         engine = self.engine
         comm = engine.communicator(self.traffic.counter())
+        prescaled, self._loss_prescaled = self._loss_prescaled, False
+        self.prescaled_traces += prescaled
         share = (1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
-                 if not engine.loss_divided_by_replicas and engine.world_size > 1 else None)
+                 if not (engine.loss_divided_by_replicas or prescaled)
+                 and engine.world_size > 1 else None)
         sparse = self.sparse_exchange and engine.world_size > 1
         grads, reduced = list(grads), set()
         for i, (g, v) in enumerate(zip(grads, variables)):
@@ -76,7 +104,7 @@ class Chain:
                 g = dense_gradient(g, v)
                 grads[i] = g if share is None or g is None else g * tf.cast(share, g.dtype)
         ctx = StepContext(engine, comm, list(variables), apply, self.traffic, self.owner,
-                          reduced=frozenset(reduced))
+                          reduced=frozenset(reduced), loss_prescaled=prescaled)
         run_chain(self.parts, ctx, grads)
 
     @property

@@ -233,9 +233,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.chain.engine
 
     def scale_loss(self, loss):
-        if self.dynamic:
-            return super().scale_loss(loss)
-        return self.inner_optimizer.scale_loss(loss)
+        """Keras' `train_step` calls it on the loss before the backward pass: the loss scale
+        (mixed precision), times the factor that spares the step passes over the gradients
+        (`Chain.loss_factor`: Horovod's 1/N, local SGD's N on local steps)."""
+        loss = super().scale_loss(loss) if self.dynamic else self.inner_optimizer.scale_loss(loss)
+        factor = self.chain.loss_factor()
+        return loss if factor is None else loss * tf.cast(factor, loss.dtype)
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:

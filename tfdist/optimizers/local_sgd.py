@@ -131,21 +131,28 @@ class LocalSGD(Part):
             raise ValueError("The averaging period can change only once the optimizer is built.")
         self._period.assign(period)
 
+    def loss_factor(self, world_size: int) -> tf.Tensor:
+        """This step's factor on the loss: 1 while synchronous, `world_size` on local steps
+        (each replica's whole gradient, not its share of the mean); `Chain.loss_factor`."""
+        synchronous = self.schedule.is_synchronous(tf.convert_to_tensor(self._steps))
+        return tf.where(synchronous, 1.0, float(world_size))
+
     # -- the step ------------------------------------------------------------------------------
     def step(self, ctx, grads, next) -> None:
         comm = ctx.comm
         step = tf.convert_to_tensor(self._steps)
         holes = Holes(grads)
         full = holes.refill
-        # Gradients come divided by the number of replicas (see parts.py); a local step undoes it.
-        local_scale = comm.world_size
+        # Gradients come divided by the number of replicas (see parts.py); a local step undoes
+        # it, unless the loss was scaled for it (`loss_factor`).
+        local_scale = 1 if ctx.loss_prescaled else comm.world_size
 
         def local(*values):
             first_local = tf.equal(step, self.schedule.warmup_steps)
             for anchor, var in zip(self._anchors, ctx.variables):  # the synced model
                 anchor.assign(tf.where(first_local, tf.convert_to_tensor(var), anchor))
             (ctx.apply_local or ctx.apply)(full([g * tf.cast(local_scale, g.dtype)
-                                                 for g in values]))
+                                                 if local_scale != 1 else g for g in values]))
             since = self._since + 1
             self._since.assign(since)
             averaged = list(ctx.variables) + self.also_averaged + (

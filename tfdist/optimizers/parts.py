@@ -50,6 +50,8 @@ class StepContext:
             a decision taken on them may differ between replicas; None: as `apply`.
         reduced: Positions of gradients that arrive already summed over the workers (sparse
             embedding gradients, all-gathered as rows): the exchange passes them on.
+        loss_prescaled: The loss was multiplied by `Chain.loss_factor()` before the backward
+            pass, so local SGD's local steps get each replica's whole gradient as it is.
     """
 
     engine: Engine
@@ -60,6 +62,7 @@ class StepContext:
     owner: Any
     apply_local: Callable[[list], None] | None = None
     reduced: frozenset = frozenset()
+    loss_prescaled: bool = False
 
     def index(self, variable) -> int:
         """The position of `variable` in the owner optimizer's variable list (state lookup)."""

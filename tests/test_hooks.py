@@ -230,6 +230,41 @@ def test_set_initial_epoch_makes_fit_start_there():
     assert epochs == [0, 1]
 
 
+def test_local_step_logs_skip_the_per_step_average_and_keep_the_epoch_logs(mirrored):
+    """Keras reduces each step's logs with `reduce_per_replica(..., "auto")` (a collective per
+    value across workers); with `step_logs = "local"` a step's logs are replica 0's own, and
+    the epoch's logs, read from the metrics' variables, are the same as Keras' own."""
+    training_hooks.keep_step_logs_local()
+    training_hooks.keep_step_logs_local()  # idempotent: wraps Keras' function once
+    from keras.src.backend.tensorflow import trainer
+
+    assert trainer.reduce_per_replica.tfdist_local_step_logs
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)), rng.normal(size=(64, 1))
+    runs = {}
+    for mode in ("averaged", "local"):
+        strategy = mirrored(2)
+        strategy.step_logs = mode
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+        steps: list[float] = []
+        record = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda b, logs, steps=steps: steps.append(logs["loss"]))
+        history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[record])
+        runs[mode] = steps, history.history, model.get_weights()
+    (avg_steps, avg_epochs, avg_w), (own_steps, own_epochs, own_w) = (runs["averaged"],
+                                                                      runs["local"])
+    assert not np.allclose(avg_steps, own_steps)  # replica 0's own loss, not the mean
+    assert own_epochs.keys() == avg_epochs.keys()
+    for key in avg_epochs:
+        np.testing.assert_allclose(own_epochs[key], avg_epochs[key], rtol=1e-6)
+    for a, b in zip(avg_w, own_w):
+        np.testing.assert_allclose(a, b, rtol=1e-6)  # training itself unchanged
+
+
 def test_central_variable_unwraps_a_central_storage_variable():
     from tests.workers.common import cpu_devices
 

@@ -269,6 +269,20 @@ def test_local_sgd_on_two_tf_config_workers_ends_identical(worker_cmd, tmp_path)
     _assert_local_sgd_ranks(tmp_path)
 
 
+def test_local_sgd_with_local_step_logs_waits_only_for_the_averaging(worker_cmd, tmp_path):
+    """step_logs="local": the local steps' logs are each worker's own (Keras would average them
+    over the workers with a collective per value at every step); the epoch's logs are averaged
+    all the same, and training is unchanged (the weights of the run above)."""
+    results = run_tf_workers(
+        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",
+         "--local-sgd", "3", "--step-logs", "local"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    _assert_local_sgd_ranks(tmp_path)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert len(r0["step_losses"]) == 7 and r0["step_losses"] != r1["step_losses"]
+    assert r0["epoch_logs"] == r1["epoch_logs"] and len(r0["epoch_logs"]) == 1
+
+
 def test_multi_worker_local_sgd_strategy_ends_identical(worker_cmd, tmp_path):
     results = run_tf_workers(
         [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",

@@ -50,6 +50,8 @@ def main() -> None:
                    "every rank")
     p.add_argument("--save-on-rank0-only", default=None,
                    help="after fit, model.save(PATH) on rank 0 while the others wait (horovod)")
+    p.add_argument("--step-logs", default="averaged", choices=["averaged", "local"],
+                   help="tfdist.MultiWorkerMirroredStrategy(step_logs=...); records the logs")
     p.add_argument("--plain-strategy", action="store_true",
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
     args = p.parse_args()
@@ -74,10 +76,11 @@ def main() -> None:
         elif args.strategy_compressor:
             strategy = tfdist.MultiWorkerCompressedStrategy(
                 json.loads(args.strategy_compressor), communication_options=options)
+        elif args.plain_strategy:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         else:
-            cls = (tf.distribute.MultiWorkerMirroredStrategy if args.plain_strategy
-                   else tfdist.MultiWorkerMirroredStrategy)
-            strategy = cls(communication_options=options)
+            strategy = tfdist.MultiWorkerMirroredStrategy(communication_options=options,
+                                                          step_logs=args.step_logs)
         rank = strategy.cluster_resolver.task_id
         engine = "strategy"
     hidden = (args.hidden,) if args.hidden else common.HIDDEN
@@ -111,6 +114,13 @@ def main() -> None:
         checkpoint = tfdist.callbacks.ModelCheckpoint(args.checkpoint, monitor="loss",
                                                       save_best_only=True)
         extra["callbacks"] = [*extra.get("callbacks", []), checkpoint]
+    step_losses: list[float] = []
+    epoch_logs: list[dict] = []
+    if args.step_logs == "local":
+        extra["callbacks"] = [*extra.get("callbacks", []), keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: step_losses.append(float(logs["loss"])),
+            on_epoch_end=lambda epoch, logs: epoch_logs.append(
+                {k: float(v) for k, v in logs.items()}))]
     model, opt = common.train(
         engine, args.steps, args.global_batch, strategy=strategy,
         accumulation_steps=args.accumulation_steps, optimizer=args.optimizer, hidden=hidden,
@@ -128,7 +138,9 @@ def main() -> None:
     stats = tfdist.optimizers.chain_of(opt)  # the wrapper's, or what a strategy attached
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
     if args.checkpoint:  # where this rank's callback wrote
-        record["checkpoint"] = extra["callbacks"][-1].filepath
+        record["checkpoint"] = checkpoint.filepath
+    if args.step_logs == "local":
+        record.update(step_losses=step_losses, epoch_logs=epoch_logs)
     if args.auto_exchange:
         record["auto"] = stats.part(tfdist.optimizers.AutoExchange).report()
     if accordion is not None:

@@ -7,7 +7,8 @@ keras 3.15.x.
 * `distribute`: tf.distribute internals (collective keys, the merge-call query);
 * `checkpoint`: checkpoint entries computed at save time, objects hidden from a checkpoint;
 * `profiler`: where and when a function's ops ran (run metadata, the profiler's trace);
-* `training`: Keras `fit` internals (the epoch a resumed `fit` starts from).
+* `training`: Keras `fit` internals (the epoch a resumed `fit` starts from, the per-step
+  reduction of the logs over workers).
 * `variables`: Keras variable and layer internals (storage released for ZeRO stage 3, a layer's
   own variables, nested layers, symbolic shape inference, the autocast scope, uncast reads).
 """

@@ -77,16 +77,16 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
 class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrategy):
     """`tfdist.MultiWorkerMirroredStrategy` (TF_CONFIG workers) with a compressed exchange.
 
-    Args: as `CompressedStrategy`, plus `cluster_resolver`, `communication_options` and
-    `timeout_seconds` of `tfdist.MultiWorkerMirroredStrategy`.
+    Args: as `CompressedStrategy`, plus `cluster_resolver`, `communication_options`,
+    `timeout_seconds` and `step_logs` of `tfdist.MultiWorkerMirroredStrategy`.
     """
 
     def __init__(self, compressor, cluster_resolver=None, communication_options=None,
                  timeout_seconds: float | None = None, min_compress_size: int = 1024,
                  compress_1d: bool = False, compression_start_step: int = 0,
-                 batched: bool = True):
+                 batched: bool = True, step_logs: str = "averaged"):
         self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
                             batched)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
-                         timeout_seconds=timeout_seconds)
+                         timeout_seconds=timeout_seconds, step_logs=step_logs)

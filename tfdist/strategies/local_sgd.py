@@ -100,17 +100,18 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
 class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
     """`tfdist.MultiWorkerMirroredStrategy` (TF_CONFIG workers) training with post-local SGD.
 
-    Args: as `LocalSGDStrategy`, plus `cluster_resolver`, `communication_options` and
-    `timeout_seconds` of `tfdist.MultiWorkerMirroredStrategy`.
+    Args: as `LocalSGDStrategy`, plus `cluster_resolver`, `communication_options`,
+    `timeout_seconds` and `step_logs` of `tfdist.MultiWorkerMirroredStrategy` ("local" lets
+    the local steps run without waiting for the other workers).
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
                  topology: str = "all", cluster_resolver=None, communication_options=None,
                  timeout_seconds: float | None = None, *, sma: SMA | None = None,
                  intra_period: int | None = None, host_size: int | None = None,
-                 average_optimizer_state: bool = False):
+                 average_optimizer_state: bool = False, step_logs: str = "averaged"):
         self._init_local_sgd(period, warmup_steps, slowmo, topology, sma, intra_period,
                              host_size, average_optimizer_state)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
-                         timeout_seconds=timeout_seconds)
+                         timeout_seconds=timeout_seconds, step_logs=step_logs)

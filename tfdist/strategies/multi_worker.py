@@ -7,11 +7,19 @@ strategy accepts neither a nested structure nor axis=0 on a scalar, so plain
 tensorflow/tensorflow#72388). This subclass reduces structures leaf by leaf and scalars over
 replicas only. Everything else is TF's strategy, unchanged: `isinstance(s,
 tf.distribute.MultiWorkerMirroredStrategy)` holds.
+
+`step_logs="local"` spares every step Keras' averaging of its logs over the workers (one
+collective per logged value); the hook is `tfdist._hooks.training.keep_step_logs_local`.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+
+from tfdist._hooks.training import keep_step_logs_local
+from tfdist.arguments import check_choice
+
+STEP_LOGS = ("averaged", "local")
 
 
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -24,6 +32,13 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         communication_options: Optional `tf.distribute.experimental.CommunicationOptions`.
         timeout_seconds: If set (and `communication_options` is not), every collective fails
             after this many seconds instead of waiting forever for a worker that died.
+        step_logs: "averaged" (Keras' way, the default): each step's logs (loss, metrics) are
+            averaged over the workers, one collective per value at every step. "local": each
+            worker's step logs are its own, with no collective, so steps that exchange nothing
+            (local SGD's) do not wait for the other workers; the epoch's logs, and
+            `evaluate`'s results, are averaged over every worker either way. With "local", a
+            callback that decides on a step's logs (`keras.callbacks.TerminateOnNaN`) may
+            decide differently on each worker.
 
     Example:
         ```python
@@ -41,7 +56,11 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         cluster_resolver=None,
         communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
         timeout_seconds: float | None = None,
+        step_logs: str = "averaged",
     ):
+        self.step_logs = check_choice("step_logs", step_logs, STEP_LOGS)
+        if step_logs == "local":
+            keep_step_logs_local()
         if timeout_seconds is not None and timeout_seconds <= 0:
             raise ValueError(
                 f"`timeout_seconds` must be > 0 or None. Received: timeout_seconds={timeout_seconds}"

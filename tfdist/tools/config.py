@@ -115,6 +115,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         lambda v: v >= 1, 2, most=1024),
         "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True,
                                   most=10**7),
+        # multi_worker: each step's logs averaged over the workers (Keras' way, a collective
+        # per logged value every step) or each worker's own; null: "local", and "averaged"
+        # for the plain-Keras baseline keras_multi_worker. Epoch logs are averaged either way.
+        "step_logs": _choice((None, "local", "averaged"), None),
         # parameter_server: 0 synchronous, s >= 1 bounded staleness, null asynchronous.
         "staleness": _int("an integer >= 0 (0 synchronous, s bounded), or null (asynchronous)",
                           lambda v: v >= 0, 0, nullable=True, most=10**6),

@@ -107,8 +107,10 @@ def make_job(config: dict[str, Any]) -> Job:
             raise ValueError(
                 f"engine.name is {name!r} but TF_CONFIG is not set: start the workers with "
                 "`python -m tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
+        step_logs = config["engine"]["step_logs"] or (
+            "averaged" if name == "keras_multi_worker" else "local")
         strategy = tfdist.MultiWorkerMirroredStrategy(
-            timeout_seconds=config["engine"]["timeout_seconds"])
+            timeout_seconds=config["engine"]["timeout_seconds"], step_logs=step_logs)
         return Job(name, strategy, DistributeEngine(strategy))
     if name == "parameter_server":
         try:

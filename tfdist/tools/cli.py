@@ -48,6 +48,9 @@ SUITES = {
     "models": "ResNet-50 and a BERT-like encoder (random weights, synthetic data) per algorithm "
               "on the emulated cluster: step time, images or tokens per second, scaling "
               "efficiency against the zero-communication limit",
+    "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
+                   "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
+                   "bandwidth",
 }
 # Python-side messages that say nothing actionable on a CPU machine (shown with --verbose).
 HARMLESS = (r".*Using MirroredStrategy eagerly has significant overhead.*",
@@ -90,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench", metavar="DIR",
                        help="where the table, JSON and plots go (default: %(default)s)")
     bench.add_argument("--steps", type=int, metavar="N", help="engines: timed steps per repeat")
-    bench.add_argument("--repeats", type=int, metavar="R", help="engines: repeats per engine")
+    bench.add_argument("--repeats", type=int, metavar="R",
+                       help="engines: repeats per engine; collectives: timed calls per row")
     bench.add_argument("--hosts", type=_list, metavar="N,...",
                        help="comm, models, stragglers, pipeline_hosts: numbers of emulated "
-                            "hosts (default: the spec's; pipeline_hosts: 2,4)")
+                            "hosts (default: the spec's; pipeline_hosts: 2,4); collectives: "
+                            "numbers of processes on 127.0.0.1 (default: 2)")
     bench.add_argument("--bandwidths", type=_list, metavar="RATE,...",
                        help="comm, models, stragglers, pipeline_hosts: link bandwidths with a "
                             "unit, e.g. 100mbit,1gbit")
@@ -102,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "models.yaml or stragglers.yaml (the baseline always runs)")
     bench.add_argument("--models", type=_list, metavar="NAME,...",
                        help="models: the models of configs/bench/models.yaml to run")
+    bench.add_argument("--sizes", type=_list, metavar="MB,...",
+                       help="collectives: tensor sizes in MB (default: 1,22,94)")
+    bench.add_argument("--splits", type=_list, metavar="K,...",
+                       help="collectives: all-reduce calls per tensor (default: 1,4)")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="comm: override the spec's job for every run (repeatable), e.g. "
                             "--set model.hidden=[256,256]")
@@ -271,6 +280,11 @@ def cmd_bench(args) -> int:
 
             run_models(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
                        models=args.models)
+        elif args.suite == "collectives":
+            from tfdist.tools.bench.collectives import run_collectives
+
+            run_collectives(args.quick, args.out, args.hosts, args.sizes, args.splits,
+                            args.repeats)
         else:
             from tfdist.tools.bench.suites import run_suite
 

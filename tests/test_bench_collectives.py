@@ -1,0 +1,74 @@
+"""`tfdist bench --suite collectives`: one all-reduce over tf.distribute's collectives and
+Horovod's Gloo, 2 processes on 127.0.0.1, every result checked by the workers."""
+
+import json
+
+import pytest
+
+from tests.conftest import horovod_available
+from tfdist.tools.bench import collectives
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One small sweep, shared: 0.4 MB whole and in 2 calls, 3 timed calls each."""
+    out = tmp_path_factory.mktemp("collectives")
+    rows = collectives.run_collectives(False, str(out), sizes_mb=["0.4"], splits=["1", "2"],
+                                       repeats=3)
+    return out, rows
+
+
+@pytest.mark.multiprocess
+def test_every_transport_size_and_split_has_a_measured_row(sweep):
+    out, rows = sweep
+    transports = ["tf.distribute"] + (["horovod"] if horovod_available() else [])
+    assert [(r["transport"], r["size_mb"], r["splits"]) for r in rows] == [
+        (t, 0.4, k) for t in transports for k in (1, 2)]
+    for r in rows:
+        assert r["processes"] == 2 and r["samples"] == 3
+        assert 0 < r["min_ms"] <= r["median_ms"]
+        assert r["bus_gbs"] == pytest.approx(0.4e6 / (r["median_ms"] / 1e3) / 1e9)
+    saved = json.loads((out / "collectives.json").read_text())
+    assert saved["rows"] == rows and saved["failures"] == []
+    assert saved["command"] == "tfdist bench --suite collectives --sizes 0.4 --splits 1,2"
+    table = (out / "collectives.md").read_text()
+    assert table.count("\n| ") == len(rows) + 1 and "| 1.00x |" in table
+
+
+def test_a_wrong_sum_is_reported_not_timed():
+    collectives._check([3.0, 3.0], 2, "ok")  # workers send 1 and 2
+    with pytest.raises(RuntimeError, match="must be 3.0"):
+        collectives._check([3.0, 2.0], 2, "1 MB in 1 parts")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"processes": ["1"]}, "at least 2 processes"),
+    ({"processes": ["two"]}, "hosts: got 'two'"),
+    ({"sizes_mb": ["-1"]}, "sizes: got '-1'"),
+    ({"splits": ["0"]}, "splits: got '0'"),
+    ({"sizes_mb": ["0.000012"], "splits": ["2"]}, "does not split into 2 equal parts"),
+    ({"repeats": -1}, "--repeats must be >= 1"),
+])
+def test_bad_input_is_refused_before_any_process_starts(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        collectives.run_collectives(False, str(tmp_path / "out"), **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_table_compares_each_row_with_tf_distribute_at_the_same_size_and_split():
+    def row(transport, ms):
+        return {"transport": transport, "label": transport, "processes": 2, "size_mb": 22.0,
+                "splits": 1, "median_ms": ms, "min_ms": ms,
+                "bus_gbs": collectives.bus_bandwidth_gbs(22.0, ms, 2)}
+
+    text = collectives.table([row("tf.distribute", 40.0), row("horovod", 16.0)])
+    assert "| horovod | 2 | 22 | 1 | 16.0 | 16.0 | 1.38 | 2.50x |" in text
+    assert collectives.bus_bandwidth_gbs(94.0, 100.0, 4) == pytest.approx(1.41)
+
+
+def test_the_command_names_the_bad_value_and_exits_2(tmp_path, capsys):
+    from tfdist.tools.cli import main
+
+    assert main(["bench", "--suite", "collectives", "--splits", "3", "--sizes", "1",
+                 "--out", str(tmp_path)]) == 2
+    assert "does not split into 3 equal parts" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, horovod_available, worker_env
+from tests.conftest import ROOT, WORKER, horovod_available, worker_env
 from tests.workers import common
 from tfdist.comm import ring_bytes
 from tfdist.tools.launch import run_horovod, run_tf_workers
@@ -261,26 +261,51 @@ def _assert_local_sgd_ranks(out):
     assert stats["bytes_sent"] == pytest.approx(3 * 4 * common.make_model().count_params())
 
 
-def test_local_sgd_on_two_tf_config_workers_ends_identical(worker_cmd, tmp_path):
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",
-         "--local-sgd", "3"], 2, TIMEOUT, env=worker_env())
-    assert [r.returncode for r in results] == [0, 0], _outputs(results)
-    _assert_local_sgd_ranks(tmp_path)
+@pytest.fixture(scope="module")
+def local_sgd_runs(tmp_path_factory):
+    """Local SGD (H=3, 7 steps) on 2 TF_CONFIG workers, once with each `step_logs`; the
+    output directory of each."""
+    runs = {}
+    for mode in ("averaged", "local"):
+        out = tmp_path_factory.mktemp(f"local_sgd_{mode}")
+        results = run_tf_workers(
+            [sys.executable, WORKER, "--engine", "multi_worker", "--out", str(out), "--steps",
+             "7", "--local-sgd", "3", "--step-logs", mode], 2, TIMEOUT, env=worker_env())
+        assert [r.returncode for r in results] == [0, 0], _outputs(results)
+        runs[mode] = out
+    return runs
 
 
-def test_local_sgd_with_local_step_logs_waits_only_for_the_averaging(worker_cmd, tmp_path):
+def _logs(out):
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_local_sgd_on_two_tf_config_workers_ends_identical(local_sgd_runs):
+    """With step_logs="averaged" (the default, Keras' own) each step's logs are the mean over
+    the workers, identical on both."""
+    _assert_local_sgd_ranks(local_sgd_runs["averaged"])
+    r0, r1 = _logs(local_sgd_runs["averaged"])
+    assert len(r0["step_losses"]) == 7 and r0["step_losses"] == r1["step_losses"]
+    assert r0["epoch_logs"] == r1["epoch_logs"]
+
+
+def test_local_sgd_with_local_step_logs_waits_only_for_the_averaging(local_sgd_runs):
     """step_logs="local": the local steps' logs are each worker's own (Keras would average them
-    over the workers with a collective per value at every step); the epoch's logs are averaged
-    all the same, and training is unchanged (the weights of the run above)."""
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--steps", "7",
-         "--local-sgd", "3", "--step-logs", "local"], 2, TIMEOUT, env=worker_env())
-    assert [r.returncode for r in results] == [0, 0], _outputs(results)
-    _assert_local_sgd_ranks(tmp_path)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    over the workers at every step); the epoch's logs are averaged all the same, and training
+    is unchanged (the weights of the averaged-logs run). The averaged run's step losses are the
+    mean of the two workers' own."""
+    _assert_local_sgd_ranks(local_sgd_runs["local"])
+    r0, r1 = _logs(local_sgd_runs["local"])
     assert len(r0["step_losses"]) == 7 and r0["step_losses"] != r1["step_losses"]
     assert r0["epoch_logs"] == r1["epoch_logs"] and len(r0["epoch_logs"]) == 1
+    averaged, _ = _logs(local_sgd_runs["averaged"])
+    np.testing.assert_allclose(averaged["step_losses"],
+                               np.mean([r0["step_losses"], r1["step_losses"]], axis=0), rtol=1e-6)
+    np.testing.assert_allclose(averaged["epoch_logs"][0]["loss"], r0["epoch_logs"][0]["loss"],
+                               rtol=1e-6)
+    for a, b in zip(*(common.load_weights(str(local_sgd_runs[m] / "rank0.npz"))
+                      for m in ("averaged", "local"))):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_multi_worker_local_sgd_strategy_ends_identical(worker_cmd, tmp_path):

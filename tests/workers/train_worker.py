@@ -116,7 +116,7 @@ def main() -> None:
         extra["callbacks"] = [*extra.get("callbacks", []), checkpoint]
     step_losses: list[float] = []
     epoch_logs: list[dict] = []
-    if args.step_logs == "local":
+    if args.engine == "multi_worker":
         extra["callbacks"] = [*extra.get("callbacks", []), keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda batch, logs: step_losses.append(float(logs["loss"])),
             on_epoch_end=lambda epoch, logs: epoch_logs.append(
@@ -139,7 +139,7 @@ def main() -> None:
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
     if args.checkpoint:  # where this rank's callback wrote
         record["checkpoint"] = checkpoint.filepath
-    if args.step_logs == "local":
+    if args.engine == "multi_worker":
         record.update(step_losses=step_losses, epoch_logs=epoch_logs)
     if args.auto_exchange:
         record["auto"] = stats.part(tfdist.optimizers.AutoExchange).report()

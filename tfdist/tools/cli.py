@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sizes", type=_list, metavar="MB,...",
                        help="collectives: tensor sizes in MB (default: 1,22,94)")
     bench.add_argument("--splits", type=_list, metavar="K,...",
-                       help="collectives: all-reduce calls per tensor (default: 1,4)")
+                       help="collectives: all-reduce calls per tensor (default: 1,2,4,8)")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="comm: override the spec's job for every run (repeatable), e.g. "
                             "--set model.hidden=[256,256]")

@@ -8,12 +8,12 @@ equal parts with one all-reduce call each (as buckets are), over
     the calls Keras and tfdist's tf.distribute engine make;
   * Horovod's Gloo: N `horovodrun --gloo` ranks, through `tfdist.comm.HorovodCommunicator`
     (skipped, with a note, where Horovod is not installed).
-Each call is a traced `tf.function` that returns one scalar (no copy of the result to Python);
-after warm-up, the median and the fastest of the timed calls, in ms, and the bus bandwidth of
-the median (S / time x 2 (N - 1) / N, the bytes each process sends and receives per second
-under a ring, as NCCL's tests report it). Every worker checks every result: worker r sends
-r + 1 everywhere, so each element of the sum must be N (N + 1) / 2. Writes OUT/collectives.md
-and OUT/collectives.json.
+Each call is a traced `tf.function` that returns two elements of the sum (no copy of the whole
+result to Python); after warm-up, the median and the fastest of the timed calls, in ms, and the
+bus bandwidth of the median (S / time x 2 (N - 1) / N, the bytes each process sends and receives
+per second under a ring, as NCCL's tests report it). Every worker checks every result: worker r
+sends r + 1 everywhere, so each element of the sum must be N (N + 1) / 2. Writes
+OUT/collectives.md and OUT/collectives.json.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ TRANSPORTS = {
 }
 SIZES_MB = (1.0, 22.0, 94.0)  # one small tensor, the comm suite MLP's gradients, ResNet-50's
 QUICK_SIZES_MB = (1.0, 22.0)
-SPLITS = (1, 4)
+SPLITS = (1, 2, 4, 8)
 REPEATS, QUICK_REPEATS, WARMUP = 15, 7, 3
 TIMEOUT_S = 600
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -121,27 +120,15 @@ def _worker(transport: str, sizes_mb, splits, repeats: int, result: str) -> None
 
 def _launch(transport: str, processes: int, sizes_mb, splits, repeats: int,
             out_dir: Path) -> list[dict] | None:
-    from tfdist.tools.launch import run_horovod, run_tf_workers
+    from tfdist.tools.bench.processes import run_on
 
     result = out_dir / f"collectives.{transport}.{processes}.json"
     result.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "tfdist.tools.bench.collectives", "--worker", transport,
             "--sizes", ",".join(map(str, sizes_mb)), "--splits", ",".join(map(str, splits)),
             "--repeats", str(repeats), "--result", str(result)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    if transport == "horovod":
-        from tfdist.horovod import is_available
-
-        if not is_available():
-            print("bench: collectives: Horovod is not installed; no Horovod rows",
-                  file=sys.stderr)
-            return None
-        results = [run_horovod(argv, processes, TIMEOUT_S, env=env)]
-    else:
-        results = run_tf_workers(argv, processes, TIMEOUT_S, env=env)
-    if any(r.returncode != 0 for r in results):
-        tail = "\n".join(r.output[-2000:] for r in results)
-        raise RuntimeError(f"bench: collectives: the {transport} processes failed:\n{tail}")
+    if not run_on(transport, argv, processes, TIMEOUT_S, "the collectives' Horovod rows"):
+        return None
     return json.loads(result.read_text())
 
 

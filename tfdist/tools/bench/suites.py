@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -118,25 +117,13 @@ def _in_process(steps: int, repeats: int) -> list[dict]:
 
 
 def _multi_process(kind: str, steps: int, repeats: int, out: Path) -> dict | None:
-    from tfdist.tools.launch import run_horovod, run_tf_workers
+    from tfdist.tools.bench.processes import run_on
 
     result_file = out / f"{kind}.worker.json"
     argv = [sys.executable, "-m", "tfdist.tools.bench.suites", "--worker", kind, "--steps", str(steps),
             "--repeats", str(repeats), "--result", str(result_file)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    timeout = 600
-    if kind == "horovod":
-        from tfdist.horovod import is_available
-
-        if not is_available():
-            print("bench: Horovod is not installed; skipping the Horovod row", file=sys.stderr)
-            return None
-        results = [run_horovod(argv, 2, timeout, env=env)]
-    else:
-        results = run_tf_workers(argv, 2, timeout, env=env)
-    if any(r.returncode != 0 for r in results):
-        tail = "\n".join(r.output[-2000:] for r in results)
-        raise RuntimeError(f"bench: the {kind} workers failed:\n{tail}")
+    if not run_on(kind, argv, 2, 600, f"the engines suite's {kind} row"):
+        return None
     return json.loads(result_file.read_text())
 
 

@@ -202,7 +202,7 @@ def test_embedding_gradients_sparse_in_keras_are_exchanged_whole(mirrored, optio
 def test_sparse_gradients_become_dense_tensors_of_the_variables_shape():
     """Under MultiWorkerMirroredStrategy the rows of an embedding's tf.IndexedSlices gradient
     have no static count; the chain hands the parts a dense tensor of the table's shape."""
-    from tfdist.optimizers.chain import dense_gradient
+    from tfdist.optimizers.parts import dense_gradient
 
     table = tf.Variable(tf.zeros([5, 3]))
 

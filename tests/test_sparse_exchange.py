@@ -7,9 +7,10 @@ import tensorflow as tf
 
 import tfdist
 from tests.workers import common
-from tfdist.comm import ring_bytes
+from tfdist.comm import bucketed_all_reduce, ring_bytes, sparse_all_reduce
 from tfdist.optimizers import chain_of
 from tfdist.strategies import new_mirrored_strategy
+from tfdist.tools.bench.compressors import LoopbackCommunicator
 
 VOCAB, DIM, TOKENS, CLASSES, BATCH, STEPS = 1000, 16, 12, 5, 32, 8
 
@@ -77,6 +78,25 @@ def test_parts_that_keep_gradients_per_replica_densify_them(single):
     assert not compressed.chain.sparse_exchange
 
 
+def test_loss_scaling_and_norm_tracking_take_the_rows_as_they_come(single):
+    """The parts before the exchange see the embedding's gradient as rows: loss scaling unscales
+    them (a power of two: the same weights as one device) and norm tracking records the norm
+    of their sum, as it does for the densified table (accumulation densifies it first)."""
+    def make(**kw):
+        return lambda: tfdist.DistributedOptimizer(_sgd(), loss_scale="dynamic",
+                                                   initial_scale=2.0**10, track_norms=True, **kw)
+
+    rows = _fit(2, make())
+    dense = _fit(2, make(accumulation_steps=1, variable_accumulation=True))
+    assert chain_of(rows.optimizer).sparse_exchange
+    assert not chain_of(dense.optimizer).sparse_exchange
+    common.assert_weights_close(common.weights(rows), single, rtol=1e-5, atol=1e-6)
+    norms = chain_of(rows.optimizer).norms.mean_gradient_norms()
+    assert norms[0] > 0
+    np.testing.assert_allclose(norms, chain_of(dense.optimizer).norms.mean_gradient_norms(),
+                               rtol=1e-5)
+
+
 def test_a_nonfinite_row_stops_every_replica():
     """A NaN in the embedding table reaches one replica's rows: the summed rows are non-finite
     on every replica, and nan_policy="raise" stops training naming the step."""
@@ -92,6 +112,66 @@ def test_a_nonfinite_row_stops_every_replica():
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     with pytest.raises(Exception, match="non-finite"):
         model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
+
+
+class _Recording(LoopbackCommunicator):
+    """2 loopback workers that record each collective call as it is created (program order,
+    the order tf.distribute's ordering token runs them in): (kind, the shapes it carries)."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.calls: list = []
+
+    def _all_reduce(self, tensors, op):
+        self.calls.append(("all_reduce", [tuple(t.shape) for t in tensors]))
+        return super()._all_reduce(tensors, op)
+
+    def _all_gather(self, tensor):
+        self.calls.append(("all_gather", tuple(tensor.shape)))
+        return super()._all_gather(tensor)
+
+
+def _rows(table_rows, width, dtype=tf.float32):
+    values = tf.reshape(tf.range(3 * width, dtype=dtype), [3, width])
+    return tf.IndexedSlices(values, tf.constant([4, 1, 4]),
+                            dense_shape=tf.constant([table_rows, width], tf.int64))
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, None])
+def test_rows_are_reduced_where_the_backward_pass_produces_them(bucket_bytes):
+    """Collectives are created last tensors first, and an embedding's rows take their place in
+    that order, not the front: under tf.distribute a collective created first whose input comes
+    last (the first layer's rows) would hold back every bucket until the backward pass ends."""
+    comm = _Recording()
+    tensors = [tf.ones([3]), _rows(9, 2), tf.ones([5]), tf.ones([7])]
+    out = bucketed_all_reduce(comm, tensors, bucket_bytes)
+    rows = ("all_gather", (3, 3))  # this worker's 3 rows: 2 values + the index, one word each
+    if bucket_bytes is None:  # one call for the dense tensors, then the rows
+        assert comm.calls == [("all_reduce", [(3,), (5,), (7,)]), rows]
+    else:
+        assert comm.calls == [("all_reduce", [(7,)]), ("all_reduce", [(5,)]), rows,
+                              ("all_reduce", [(3,)])]
+    expected = np.zeros([9, 2], np.float32)
+    np.add.at(expected, [4, 1, 4], np.arange(6, dtype=np.float32).reshape(3, 2))
+    np.testing.assert_array_equal(out[1].numpy(), 2 * expected)  # 2 workers' identical rows
+    for t, r in zip(tensors[::2] + tensors[3:], out[::2] + out[3:]):
+        np.testing.assert_array_equal(r.numpy(), 2 * t.numpy())
+
+
+def test_rows_go_with_their_indices_in_one_all_gather():
+    """float32 rows and their int32 indices travel as one buffer of 32-bit words (bit for bit,
+    NaN included); rows of other element sizes go in two calls. Same sums either way."""
+    comm = _Recording()
+    grad = _rows(6, 4)
+    nan_row = tf.tensor_scatter_nd_update(grad.values, [[1]], [[np.nan] * 4])
+    packed = sparse_all_reduce(comm, tf.IndexedSlices(nan_row, grad.indices), 6)
+    assert comm.calls == [("all_gather", (3, 5))]
+    assert np.isnan(packed.numpy()[1]).all() and np.isfinite(packed.numpy()[[0, 2, 3, 4, 5]]).all()
+    comm = _Recording()
+    half = sparse_all_reduce(comm, _rows(6, 4, tf.float16), 6)
+    assert comm.calls == [("all_gather", (3, 4)), ("all_gather", (3,))]
+    whole = sparse_all_reduce(_Recording(), grad, 6)
+    np.testing.assert_array_equal(half.numpy().astype(np.float32), whole.numpy())
 
 
 @pytest.mark.multiprocess

@@ -6,8 +6,9 @@
 * `Communicator` (`base.py`): the collectives an engine offers inside a train step, counting
   the bytes each worker sends and the collective calls; `fused_all_reduce` /
   `fused_all_gather` pack many tensors into one call, `bucketed_all_reduce` into one call per
-  bucket, last tensors first (overlap with the backward pass); `sparse_all_reduce` sums an
-  embedding's row gradients by all-gathering the rows each worker holds.
+  bucket, last tensors first (overlap with the backward pass), embedding rows in their place
+  in that order; `sparse_all_reduce` sums an embedding's row gradients by all-gathering the
+  rows each worker holds and their indices, in one call.
 """
 
 from tfdist.comm.base import (

@@ -337,20 +337,51 @@ def buckets(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> list[list[int]]:
     return [g for g in groups if g]
 
 
-def bucketed_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor], bucket_bytes: int | None,
+def bucketed_all_reduce(comm: Communicator, tensors: Sequence, bucket_bytes: int | None,
                         op: str = "sum") -> list[tf.Tensor]:
     """All-reduces `tensors` in buckets of about `bucket_bytes` (see `buckets`), one collective
     call per bucket, so the reduction of the last layers' gradients can run while the backward
     pass still computes the first layers' (inside one traced step, each bucket's collective
-    depends only on its own gradients). `bucket_bytes=None`: one call for all, as Keras does."""
+    depends only on its own gradients). `bucket_bytes=None`: one call for all, as Keras does.
+
+    Entries given as `tf.IndexedSlices` (an embedding's gradient rows, with a static
+    `dense_shape`) are summed as rows (`sparse_all_reduce`) and come back as dense tensors of
+    that shape. Each is reduced where a backward pass produces it: before the first bucket
+    made only of earlier tensors. The place matters, not only for overlap: tf.distribute runs
+    one worker's collectives in the order they were created (they share an ordering token),
+    so a collective created first whose input exists last (the first layer's embedding) would
+    hold back every bucket until the backward pass ends."""
     tensors = list(tensors)
-    if bucket_bytes is None or len(tensors) < 2:
-        return comm.all_reduce(tensors, op=op)
+    rows = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if rows and op != "sum":
+        raise ValueError(f"Gradient rows (tf.IndexedSlices) are summed; got op={op!r}.")
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if bucket_bytes is None or len(dense) < 2:
+        groups = [dense] if dense else []
+    else:
+        groups = [[dense[j] for j in g]
+                  for g in buckets([tensors[i] for i in dense], bucket_bytes)]
     out: list[Any] = [None] * len(tensors)
-    for idx in buckets(tensors, bucket_bytes):
-        for i, reduced in zip(idx, comm.all_reduce([tensors[i] for i in idx], op=op)):
+    pending = sorted(rows, reverse=True)  # the backward pass's order: last tensors first
+    for group in groups:
+        while pending and pending[0] > max(group):
+            i = pending.pop(0)
+            out[i] = _summed_rows(comm, tensors[i])
+        for i, reduced in zip(group, comm.all_reduce([tensors[i] for i in group], op=op)):
             out[i] = reduced
+    for i in pending:
+        out[i] = _summed_rows(comm, tensors[i])
     return out
+
+
+def _summed_rows(comm: Communicator, grad: tf.IndexedSlices) -> tf.Tensor:
+    shape = tf.get_static_value(grad.dense_shape)
+    if shape is None:
+        raise ValueError("Gradient rows need a static dense_shape (the variable's shape) to be "
+                         "summed into a dense tensor; build the IndexedSlices with "
+                         "dense_shape=variable.shape.")
+    shape = [int(d) for d in shape]
+    return tf.reshape(sparse_all_reduce(comm, grad, shape[0]), shape)
 
 
 def sparse_all_reduce(comm: Communicator, grad: tf.IndexedSlices, rows: int) -> tf.Tensor:
@@ -358,10 +389,21 @@ def sparse_all_reduce(comm: Communicator, grad: tf.IndexedSlices, rows: int) -> 
     `tf.IndexedSlices`), as a dense tensor of `rows` rows. Every worker's rows and indices are
     all-gathered, what it holds rather than the whole table (as Horovod and Keras do for sparse
     gradients): (N-1) x (rows held x (row bytes + 4)) sent per worker, against a dense
-    all-reduce's 2 (N-1)/N x the table's bytes."""
-    values = comm.all_gather(grad.values)
-    indices = comm.all_gather(tf.cast(grad.indices, tf.int32))
-    return tf.math.unsorted_segment_sum(values, indices, rows)
+    all-reduce's 2 (N-1)/N x the table's bytes. Rows of 4-byte elements (float32) travel with
+    their indices as one buffer of 32-bit words, one all-gather call; others in two."""
+    values = grad.values
+    indices = tf.cast(grad.indices, tf.int32)
+    width = values.shape[1:].num_elements()
+    if values.dtype.size != 4 or width is None:
+        gathered = comm.all_gather(values)
+        return tf.math.unsorted_segment_sum(gathered, comm.all_gather(indices), rows)
+    flat = tf.reshape(values, [-1, width])
+    words = flat if values.dtype == tf.int32 else tf.bitcast(flat, tf.int32)
+    packed = comm.all_gather(tf.concat([words, indices[:, None]], axis=1))
+    gathered = packed[:, :width]
+    gathered = gathered if values.dtype == tf.int32 else tf.bitcast(gathered, values.dtype)
+    gathered = tf.reshape(gathered, [-1, *values.shape[1:]])
+    return tf.math.unsorted_segment_sum(gathered, packed[:, width], rows)
 
 
 _WORD = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}

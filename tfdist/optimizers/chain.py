@@ -14,12 +14,12 @@ from typing import TypeVar
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import attachment
-from tfdist.comm import Engine, resolve, sparse_all_reduce
+from tfdist.comm import Engine, resolve
 from tfdist.optimizers.accumulation import Accumulation
 from tfdist.optimizers.exchange import GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD
 from tfdist.optimizers.norms import TrackNorms
-from tfdist.optimizers.parts import Part, StepContext, Traffic, ordered, run_chain
+from tfdist.optimizers.parts import Part, StepContext, Traffic, dense_gradient, ordered, run_chain
 
 P = TypeVar("P", bound=Part)
 
@@ -92,19 +92,17 @@ class Chain:
                  if not (engine.loss_divided_by_replicas or prescaled)
                  and engine.world_size > 1 else None)
         sparse = self.sparse_exchange and engine.world_size > 1
-        grads, reduced = list(grads), set()
+        grads = list(grads)
         for i, (g, v) in enumerate(zip(grads, variables)):
-            if sparse and isinstance(g, tf.IndexedSlices):  # summed here, as rows
+            if sparse and isinstance(g, tf.IndexedSlices):  # summed as rows by the exchange
                 values = g.values if share is None else g.values * tf.cast(share, g.dtype)
-                summed = sparse_all_reduce(comm, tf.IndexedSlices(values, g.indices),
-                                           int(v.shape[0]))
-                grads[i] = tf.reshape(summed, v.shape)
-                reduced.add(i)
+                grads[i] = tf.IndexedSlices(values, tf.cast(g.indices, tf.int32),
+                                            dense_shape=tf.constant(v.shape.as_list(), tf.int64))
             else:
                 g = dense_gradient(g, v)
                 grads[i] = g if share is None or g is None else g * tf.cast(share, g.dtype)
         ctx = StepContext(engine, comm, list(variables), apply, self.traffic, self.owner,
-                          reduced=frozenset(reduced), loss_prescaled=prescaled)
+                          loss_prescaled=prescaled)
         run_chain(self.parts, ctx, grads)
 
     @property
@@ -161,22 +159,6 @@ class Chain:
 
     def dense_bytes_per_exchange(self) -> float | None:
         return self.traffic.dense_bytes_per_exchange()
-
-
-def dense_gradient(grad, variable):
-    """`grad` as a dense tensor of `variable`'s static shape. An embedding's gradient comes as
-    tf.IndexedSlices (rows and their indices, the row count unknown when traced), and some
-    gradients lose their static shape on the way (a Dense kernel applied to a sequence, under
-    MultiWorkerMirroredStrategy: (None, units)); exchanges, compressors and byte accounting work
-    on whole tensors of known shape. Others pass as they are."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        rows = int(variable.shape[0])
-        grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
-    if grad.shape.is_fully_defined():
-        return grad
-    return tf.reshape(grad, variable.shape)
 
 
 def chain_of(optimizer) -> Chain | None:

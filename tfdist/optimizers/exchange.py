@@ -39,7 +39,9 @@ class GradientExchange(Part):
             layers' gradients overlaps the backward pass of the first ones. None: one
             all-reduce of every gradient after the backward pass, as Keras does. Defaults to
             25 MiB (`DEFAULT_BUCKET_BYTES`: ResNet-50 steps 0.84-0.90x Keras' at 1 Gbit/s,
-            4 MiB gained less; models under 25 MiB of gradients stay one call).
+            4 MiB gained less; models under 25 MiB of gradients stay one call). An
+            embedding's gradient rows (`Chain.sparse_exchange`) are all-gathered in their place
+            in that order, after the buckets of the layers above it.
 
     Example:
         ```python
@@ -111,19 +113,13 @@ class GradientExchange(Part):
         holes = Holes(grads)
         variables = [ctx.variables[i] for i in holes.present]
         ctx.traffic.note_dense(ctx.comm.world_size, variables)
-        # Gradients already summed (sparse rows all-gathered, see Chain.update) pass as they are.
-        mine = [k for k, i in enumerate(holes.present) if i not in ctx.reduced]
         step = (tf.constant(0, tf.int64) if self._exchanges is None
                 else tf.convert_to_tensor(self._exchanges))
 
         def phase(p):
             def run(*values):
-                out = list(values)
-                reduced = self._reduce(ctx, [values[k] for k in mine],
-                                       [variables[k] for k in mine], self.phases[p][1], step)
-                for k, r in zip(mine, reduced):
-                    out[k] = r
-                next(ctx, holes.refill(out))
+                next(ctx, holes.refill(self._reduce(ctx, list(values), variables,
+                                                    self.phases[p][1], step)))
             return run
 
         def chain(p, *values):  # phase p runs while step < the next phase's first step

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import zero_nonfinite
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, on_values
 
 
 class DynamicLossScaling(Part):
@@ -26,7 +26,7 @@ class DynamicLossScaling(Part):
     def step(self, ctx, grads, next) -> None:
         owner = ctx.owner
         scale = owner.dynamic_scale
-        unscaled = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
+        unscaled = [on_values(lambda x: x / tf.cast(scale, x.dtype), g) for g in grads]
         apply = ctx.apply
 
         def apply_if_finite(reduced):

@@ -21,7 +21,9 @@ POLICIES = ("raise", "skip")
 
 
 def all_finite(tensors) -> tf.Tensor:
-    tensors = [t for t in tensors if t is not None]
+    """Whether every element of `tensors` is finite (rows of a `tf.IndexedSlices` included)."""
+    tensors = [t.values if isinstance(t, tf.IndexedSlices) else t
+               for t in tensors if t is not None]
     if not tensors:
         return tf.constant(True)
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])

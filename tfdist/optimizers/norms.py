@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, dense_gradient
 
 
 class TrackNorms(Part):
@@ -28,8 +28,9 @@ class TrackNorms(Part):
 
     def step(self, ctx, grads, next) -> None:
         for g, v in zip(grads, ctx.variables):
-            if g is not None:
-                self.grad_sq[ctx.index(v)].assign_add(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))))
+            if g is not None:  # rows on their way to the exchange: the norm of their sum
+                g = tf.cast(dense_gradient(g, v), tf.float32)
+                self.grad_sq[ctx.index(v)].assign_add(tf.reduce_sum(tf.square(g)))
         self.samples.assign_add(1)
         next(ctx, grads)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import tensorflow as tf
 
 from tfdist._hooks.optimizer import variable_index
 from tfdist.comm import ByteCounter, Communicator, Engine, ring_bytes
@@ -48,8 +49,6 @@ class StepContext:
         owner: The Keras optimizer whose variables hold the parts' state.
         apply_local: How a replica applies its own gradients (local SGD's local steps), where
             a decision taken on them may differ between replicas; None: as `apply`.
-        reduced: Positions of gradients that arrive already summed over the workers (sparse
-            embedding gradients, all-gathered as rows): the exchange passes them on.
         loss_prescaled: The loss was multiplied by `Chain.loss_factor()` before the backward
             pass, so local SGD's local steps get each replica's whole gradient as it is.
     """
@@ -61,7 +60,6 @@ class StepContext:
     traffic: Traffic
     owner: Any
     apply_local: Callable[[list], None] | None = None
-    reduced: frozenset = frozenset()
     loss_prescaled: bool = False
 
     def index(self, variable) -> int:
@@ -70,6 +68,33 @@ class StepContext:
 
     def replace(self, **changes) -> StepContext:
         return dataclasses.replace(self, **changes)
+
+
+def dense_gradient(grad, variable):
+    """`grad` as a dense tensor of `variable`'s static shape. An embedding's gradient comes as
+    tf.IndexedSlices (rows and their indices, the row count unknown when traced), and some
+    gradients lose their static shape on the way (a Dense kernel applied to a sequence, under
+    MultiWorkerMirroredStrategy: (None, units)); exchanges, compressors and byte accounting work
+    on whole tensors of known shape. Others pass as they are."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        rows = int(variable.shape[0])
+        grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
+    if grad.shape.is_fully_defined():
+        return grad
+    return tf.reshape(grad, variable.shape)
+
+
+def on_values(fn: Callable[[Any], Any], grad):
+    """`fn` applied to a gradient: to its rows where it is a `tf.IndexedSlices` (an embedding's
+    gradient on its way to the exchange, which sums it as rows), else to the tensor; None stays
+    None. For element-wise maps (a scale, a cast)."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
+    return fn(grad)
 
 
 class Part:

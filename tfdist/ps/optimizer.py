@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfdist import compression
 from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.callbacks.scalars import ScalarWriter
-from tfdist.optimizers.chain import dense_gradient
+from tfdist.optimizers.parts import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
 from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
 from tfdist.ps.server import STATS_LEN, staleness_report

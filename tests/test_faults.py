@@ -137,3 +137,30 @@ def test_nan_policy_is_validated():
         tfdist.DistributedOptimizer(keras.optimizers.SGD(), nan_policy="ignore")
     with pytest.raises(ValueError, match="nan_policy='sometimes'"):
         tfdist.ZeroOptimizer(keras.optimizers.SGD(), nan_policy="sometimes")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_all_finite_is_exact_when_sums_overflow(dtype):
+    """The check sums each tensor (a finite sum proves every term finite) and looks at the
+    elements only when a sum is not finite: finite values whose sum overflows are finite, a
+    single NaN, inf or -inf is not, rows included; as a tf.function and eagerly."""
+    from tfdist.optimizers.nan_policy import all_finite
+
+    big = float(np.finfo(np.float16 if dtype == "float16" else np.float32).max) / 2
+    cases = {
+        "small": ([[1.0, -2.0], [3.0, 4.0]], True),
+        "overflowing sum": ([[big, big], [big, big]], True),
+        "nan": ([[1.0, np.nan], [3.0, 4.0]], False),
+        "inf": ([[1.0, np.inf], [3.0, 4.0]], False),
+        "-inf": ([[-np.inf, 2.0], [3.0, 4.0]], False),
+        "inf - inf": ([[np.inf, -np.inf], [3.0, 4.0]], False),
+    }
+    check = tf.function(all_finite)
+    for name, (values, expected) in cases.items():
+        t = tf.constant(values, dtype)
+        rows = tf.IndexedSlices(t, tf.constant([0, 5]), tf.constant([9, 2], tf.int64))
+        ok = tf.ones([3], tf.float32)
+        for fn in (all_finite, check):
+            assert bool(fn([ok, None, t])) is expected, (name, dtype)
+            assert bool(fn([rows, ok])) is expected, (name, dtype, "rows")
+    assert bool(all_finite([])) and bool(all_finite([None]))

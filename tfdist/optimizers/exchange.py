@@ -172,7 +172,7 @@ class GradientExchange(Part):
         # State moves on only if the whole exchange came out finite: the reduced values are the
         # same on every worker, so one worker's inf/NaN (which a summed payload spreads, as
         # PowerSGD's P does) leaves every worker's residuals, Q and buffers as they were.
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(r)) for r in reduced])
+        finite = all_finite(reduced)
         for j, r, state, new in zip(packed, reduced, current, new_states):
             out[j] = r
             for k, v in new.items():

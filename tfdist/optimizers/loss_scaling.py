@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.comm.holes import Holes
-from tfdist.optimizers.nan_policy import zero_nonfinite
+from tfdist.optimizers.nan_policy import all_finite, zero_nonfinite
 from tfdist.optimizers.parts import Part, on_values
 
 
@@ -31,7 +31,7 @@ class DynamicLossScaling(Part):
 
         def apply_if_finite(reduced):
             holes = Holes(reduced)
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in holes.values])
+            finite = all_finite(holes.values)
 
             def apply_finite(*values):
                 apply(holes.refill(values))

@@ -20,13 +20,32 @@ from tfdist.optimizers.parts import Part
 POLICIES = ("raise", "skip")
 
 
+_WIDE = (tf.float32, tf.float64, tf.bfloat16)  # an 8-bit or wider exponent
+
+
 def all_finite(tensors) -> tf.Tensor:
-    """Whether every element of `tensors` is finite (rows of a `tf.IndexedSlices` included)."""
+    """Whether every element of `tensors` is finite (rows of a `tf.IndexedSlices` included).
+
+    A sum is finite only if every term is (a NaN or an infinity makes it NaN or infinite), so
+    one pass that sums each tensor, with no temporary, proves most steps finite. A sum that is
+    not finite may also be an overflow of finite values: only then, and for float16 tensors
+    (whose sums overflow at 65504), are the elements themselves checked. Exact either way."""
     tensors = [t.values if isinstance(t, tf.IndexedSlices) else t
                for t in tensors if t is not None]
     if not tensors:
         return tf.constant(True)
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+    def elementwise(ts):
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in ts])
+
+    wide = [t for t in tensors if t.dtype in _WIDE]
+    if not wide:
+        return elementwise(tensors)
+    summed = tf.math.is_finite(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float64) for t in wide]))
+    narrow = [t for t in tensors if t.dtype not in _WIDE]
+    if narrow:
+        summed = tf.logical_and(summed, elementwise(narrow))
+    return tf.cond(summed, lambda: tf.constant(True), lambda: elementwise(tensors))
 
 
 def zero_nonfinite(grads) -> list:
@@ -89,21 +108,26 @@ class NanPolicy(Part):
 
     def step(self, ctx, grads, next) -> None:
         comm, policy = ctx.comm, self.policy
-        mine = own_flag(comm, grads)
+        # This replica's own gradients, for the failing branch's report only (not a pass over
+        # them on every step); rows as their values (cond arguments are tensors).
+        local = [g.values if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads if g is not None]
         step = tf.convert_to_tensor(ctx.owner.iterations)
         apply = ctx.apply
 
         def checked(reduced):
             holes = Holes(reduced)
 
+            n = len(holes.values)
+
             def finite(*args):
-                apply(holes.refill(args[:-1]))
+                apply(holes.refill(args[:n]))
 
             def non_finite(*args):  # every worker is in this branch
-                report_nonfinite(comm, policy, step, args[-1])
+                report_nonfinite(comm, policy, step, own_flag(comm, args[n:]))
                 self._skipped.assign_add(1)
 
-            comm.cond(all_finite(holes.values), finite, non_finite, args=[*holes.values, mine])
+            comm.cond(all_finite(holes.values), finite, non_finite, args=[*holes.values, *local])
 
         def checked_local(local):
             ok = all_finite(local)

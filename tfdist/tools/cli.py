@@ -27,6 +27,9 @@ COMMANDS = {
 SUITES = {
     "engines": "step time of the tfdist engines against plain Keras + MirroredStrategy on one "
                "model and batch (1 process x 2 devices, 2 TF_CONFIG workers, 2 Horovod ranks)",
+    "overhead": "what the optimizer wrapper adds to a step in a world of one (no "
+                "communication): Keras' optimizer, tfdist dense and local SGD side by side, "
+                "step time and weights",
     "compression": "the default job dense and with each compressor config: bytes per step, "
                    "ratio to dense, test accuracy, step time",
     "compressors": "each compressor's own work per MB of gradient (compress, pack, decompress, "
@@ -92,9 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a shorter run of the suite")
     bench.add_argument("--out", default="runs/bench", metavar="DIR",
                        help="where the table, JSON and plots go (default: %(default)s)")
-    bench.add_argument("--steps", type=int, metavar="N", help="engines: timed steps per repeat")
+    bench.add_argument("--steps", type=int, metavar="N",
+                       help="engines, overhead: timed steps per repeat")
     bench.add_argument("--repeats", type=int, metavar="R",
-                       help="engines: repeats per engine; collectives: timed calls per row")
+                       help="engines, overhead: repeats per engine; collectives: timed calls "
+                            "per row")
     bench.add_argument("--hosts", type=_list, metavar="N,...",
                        help="comm, models, stragglers, pipeline_hosts: numbers of emulated "
                             "hosts (default: the spec's; pipeline_hosts: 2,4); collectives: "

@@ -37,6 +37,20 @@ def engines(rows: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def overhead(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
+    ax.barh([r["label"] for r in rows], [r["step_ms"] for r in rows], color="tab:blue")
+    for i, r in enumerate(rows):
+        ax.text(r["step_ms"], i, f" {r['step_ms']:.1f} ({r['overhead_ms']:+.1f})", va="center",
+                fontsize=8)
+    ax.set(xlabel="step time (ms, median); beyond Keras' in brackets",
+           title="overhead: a world of one, no communication")
+    ax.invert_yaxis()
+    ax.margins(x=0.2)
+    return _save(fig, path)
+
+
 def compression(rows: list[dict], path: Path) -> Path:
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.8), sharey=True)

@@ -13,6 +13,10 @@ copies sit on, for tfdist.DistributedOptimizer (baseline), ZeroOptimizer stages 
 (stage 3 on a ShardedModel), next to the ZeRO formulas (fp32, K = 2 slots), and the totals with
 the model's own parameters.
 
+Suite "overhead" (tfdist/tools/bench/overhead.py): Keras' optimizer, tfdist's dense wrapper and
+local SGD's local steps side by side in a world of one (no communication): the wrapper's own cost
+per step, and the weights each reaches against Keras'.
+
 Suite "compression": the default job (CNN on the embedded digits set, MirroredStrategy over 2
 devices) once dense and once per compressor config in configs/, in one process: bytes each
 worker sends per step, ratio to dense, test accuracy, and median step time relative to dense.
@@ -375,7 +379,7 @@ def _pipeline_rows(quick: bool) -> list[dict]:
                          progress=lambda line: print(line, flush=True))
 
 
-SUITES = ("engines", "compression", "compressors", "local_sgd", "memory", "pipeline")
+SUITES = ("engines", "overhead", "compression", "compressors", "local_sgd", "memory", "pipeline")
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
@@ -416,6 +420,16 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
               "in this process", flush=True)
         rows = compressor_rows(quick)
         table = compressor_table(rows)
+    elif suite == "overhead":
+        from tfdist.tools.bench import overhead
+
+        print(f"bench: overhead: {len(overhead.VARIANTS)} optimizers, {repeats} repeats x "
+              f"{steps} steps, in this process", flush=True)
+        rows = overhead.overhead_rows(steps, repeats, progress=lambda s: print(s, flush=True))
+        table = overhead.overhead_table(rows, steps, repeats)
+        meta = {"steps": steps, "repeats": repeats, "batch": overhead.BATCH,
+                "model": {"input_dim": overhead.INPUT_DIM, "hidden": list(overhead.HIDDEN),
+                          "classes": overhead.CLASSES}}
     elif suite == "compression":
         print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
         rows = _compression_rows(quick, out_dir)

@@ -1,0 +1,106 @@
+"""Suite "overhead": what tfdist's optimizer wrapper adds to a step that exchanges nothing.
+
+One process, no strategy: a world of one worker, where every collective is the identity, so a
+step's time beyond plain Keras' is the wrapper's own work (its parts, checks and counters), not
+communication. The same model, initial weights and batches are trained by
+
+  * Keras' own optimizer (SGD with momentum): the baseline;
+  * `tfdist.DistributedOptimizer` around it, the dense exchange;
+  * `tfdist.DistributedOptimizer(..., local_sgd=PeriodicSchedule(P))` with P longer than the
+    run: every step a local step (the path a local SGD job takes between averaging rounds).
+
+Their repeats are interleaved, so all see the same machine load; each row reports the median
+step time over the repeats' medians, the difference to the baseline in ms, and the largest
+difference between its weights and the baseline's after the same steps (in a world of one the
+wrapper must not change the answer). The model is the comm suite's 5.5M-parameter MLP
+(64-2304-2304-10, batch 64): its per-step passes over the gradients are large enough to see.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+INPUT_DIM, HIDDEN, CLASSES, BATCH = 64, (2304, 2304), 10, 64
+LOCAL_PERIOD = 10**9  # longer than any run: every step is local
+
+# (key, row label, the optimizer around a fresh SGD-momentum).
+VARIANTS: tuple[tuple[str, str, Callable], ...] = (
+    ("keras", "Keras' optimizer (baseline)", lambda sgd: sgd),
+    ("dense", "tfdist.DistributedOptimizer, dense exchange", lambda sgd: _wrapped(sgd)),
+    ("local_sgd", "tfdist.DistributedOptimizer, local SGD (local steps)",
+     lambda sgd: _wrapped(sgd, local=True)),
+)
+
+
+def _wrapped(sgd, local: bool = False):
+    import tfdist
+
+    if not local:
+        return tfdist.DistributedOptimizer(sgd)
+    return tfdist.DistributedOptimizer(
+        sgd, local_sgd=tfdist.averaging.PeriodicSchedule(LOCAL_PERIOD))
+
+
+def _model(wrap: Callable):
+    from tfdist.tools.models import build_model
+
+    keras.utils.set_random_seed(0)
+    model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
+    model.compile(optimizer=wrap(keras.optimizers.SGD(0.01, momentum=0.9)),
+                  loss="sparse_categorical_crossentropy")
+    return model
+
+
+def overhead_rows(steps: int, repeats: int, progress=print) -> list[dict]:
+    """Trains every variant `3 + repeats * steps` steps, repeats interleaved; see the module."""
+    import tensorflow as tf
+
+    from tfdist.callbacks import StepTimer
+    from tfdist.data import synthetic_classification
+
+    x, y = synthetic_classification(steps * BATCH, (INPUT_DIM,), CLASSES)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
+    models, samples = {}, {}
+    for key, _, wrap in VARIANTS:
+        start = time.perf_counter()
+        models[key] = _model(wrap)
+        models[key].fit(data.take(3), epochs=1, verbose=0)  # trace and warm up
+        samples[key] = []
+        progress(f"bench: overhead: {key} traced in {time.perf_counter() - start:.1f} s")
+    for i in range(repeats):
+        for key, model in models.items():
+            timer = StepTimer()
+            model.fit(data, epochs=1, verbose=0, callbacks=[timer])
+            samples[key].append(1000 * statistics.median(timer.times))
+        progress(f"bench: overhead: repeat {i + 1}/{repeats}: " + ", ".join(
+            f"{key} {samples[key][-1]:.1f} ms" for key in models))
+    base_ms = statistics.median(samples["keras"])
+    base_weights = models["keras"].get_weights()
+    rows = []
+    for key, label, _ in VARIANTS:
+        ms = statistics.median(samples[key])
+        diff = max(float(np.max(np.abs(a - b)))
+                   for a, b in zip(models[key].get_weights(), base_weights))
+        rows.append({"variant": key, "label": label, "step_ms": ms,
+                     "repeat_ms": samples[key], "overhead_ms": ms - base_ms,
+                     "ratio": ms / base_ms, "max_weight_diff": diff,
+                     "parameters": int(models[key].count_params())})
+    return rows
+
+
+def overhead_table(rows: list[dict], steps: int, repeats: int) -> str:
+    lines = ["| optimizer | step time (ms, median) | range over repeats (ms) | beyond Keras (ms) "
+             "| ratio | weights vs Keras (max abs diff) |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lo, hi = min(r["repeat_ms"]), max(r["repeat_ms"])
+        lines.append(f"| {r['label']} | {r['step_ms']:.1f} | {lo:.1f}-{hi:.1f} | "
+                     f"{r['overhead_ms']:+.1f} | {r['ratio']:.2f} | {r['max_weight_diff']:.1e} |")
+    return (f"A world of one (no strategy, no communication), MLP {INPUT_DIM}-"
+            f"{'-'.join(map(str, HIDDEN))}-{CLASSES} ({rows[0]['parameters']:,} parameters), "
+            f"batch {BATCH}, SGD with momentum; {repeats} interleaved repeats of {steps} steps, "
+            "each repeat's median step:\n\n" + "\n".join(lines))

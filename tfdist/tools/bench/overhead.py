@@ -65,7 +65,8 @@ def overhead_rows(steps: int, repeats: int, progress=print) -> list[dict]:
 
     x, y = synthetic_classification(steps * BATCH, (INPUT_DIM,), CLASSES)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
-    models, samples = {}, {}
+    models: dict[str, keras.Model] = {}
+    samples: dict[str, list[float]] = {}
     for key, _, wrap in VARIANTS:
         start = time.perf_counter()
         models[key] = _model(wrap)

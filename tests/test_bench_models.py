@@ -22,6 +22,12 @@ def test_the_shipped_spec_builds_every_plan_and_keeps_the_per_worker_batch():
         assert plan.configs[(hosts, "dense_4mib")]["compression"]["bucket_mb"] == 4
         assert plan.configs[(hosts, "dense_one_call")]["compression"]["bucket_mb"] is None
         assert plan.configs[(hosts, LIMIT)]["data"]["global_batch_size"] == per_worker
+    _, horovod = models.load(algorithms=["dense_horovod_4mib", "dense_horovod_one_call"])
+    for _, hosts, plan in horovod:
+        for key, bucket_mb in (("dense_horovod_4mib", 4), ("dense_horovod_one_call", None)):
+            config = plan.configs[(hosts, key)]
+            assert config["engine"]["name"] == "horovod"
+            assert config["compression"]["bucket_mb"] == bucket_mb
     _, quick = models.load(quick=True)
     assert [(m, h) for m, h, _ in quick] == [("resnet50", 2), ("transformer", 2)]
 

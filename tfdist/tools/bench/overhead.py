@@ -20,39 +20,34 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 
 import keras
 import numpy as np
 
+from tfdist.averaging import PeriodicSchedule
+from tfdist.optimizers import DistributedOptimizer
+
 INPUT_DIM, HIDDEN, CLASSES, BATCH = 64, (2304, 2304), 10, 64
 LOCAL_PERIOD = 10**9  # longer than any run: every step is local
 
-# (key, row label, the optimizer around a fresh SGD-momentum).
-VARIANTS: tuple[tuple[str, str, Callable], ...] = (
-    ("keras", "Keras' optimizer (baseline)", lambda sgd: sgd),
-    ("dense", "tfdist.DistributedOptimizer, dense exchange", lambda sgd: _wrapped(sgd)),
+# (key, row label, tfdist.DistributedOptimizer's options; None: Keras' optimizer alone).
+VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
+    ("keras", "Keras' optimizer (baseline)", None),
+    ("dense", "tfdist.DistributedOptimizer, dense exchange", {}),
     ("local_sgd", "tfdist.DistributedOptimizer, local SGD (local steps)",
-     lambda sgd: _wrapped(sgd, local=True)),
+     {"local_sgd": PeriodicSchedule(LOCAL_PERIOD)}),
 )
 
 
-def _wrapped(sgd, local: bool = False):
-    import tfdist
-
-    if not local:
-        return tfdist.DistributedOptimizer(sgd)
-    return tfdist.DistributedOptimizer(
-        sgd, local_sgd=tfdist.averaging.PeriodicSchedule(LOCAL_PERIOD))
-
-
-def _model(wrap: Callable):
+def _model(options: dict | None):
     from tfdist.tools.models import build_model
 
     keras.utils.set_random_seed(0)
     model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
-    model.compile(optimizer=wrap(keras.optimizers.SGD(0.01, momentum=0.9)),
-                  loss="sparse_categorical_crossentropy")
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    if options is not None:
+        optimizer = DistributedOptimizer(optimizer, **options)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     return model
 
 
@@ -67,9 +62,9 @@ def overhead_rows(steps: int, repeats: int, progress=print) -> list[dict]:
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
     models: dict[str, keras.Model] = {}
     samples: dict[str, list[float]] = {}
-    for key, _, wrap in VARIANTS:
+    for key, _, options in VARIANTS:
         start = time.perf_counter()
-        models[key] = _model(wrap)
+        models[key] = _model(options)
         models[key].fit(data.take(3), epochs=1, verbose=0)  # trace and warm up
         samples[key] = []
         progress(f"bench: overhead: {key} traced in {time.perf_counter() - start:.1f} s")

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tfdist._hooks import checkpoint as checkpoint_hooks
 from tfdist._hooks import distribute as distribute_hooks
+from tfdist._hooks import graphs as graph_hooks
 from tfdist._hooks import optimizer as _keras_hooks
 from tfdist._hooks import profiler as profiler_hooks
 from tfdist._hooks import training as training_hooks
@@ -325,3 +326,32 @@ def test_released_variables_read_through_a_stateless_scope_or_their_initializer(
     with captured[0]:
         assert tf.convert_to_tensor(layer.w).dtype == tf.bfloat16
         assert variable_hooks.read_uncast(layer.w).dtype == tf.float32
+
+
+def test_custom_gradients_traced_in_the_block_are_released_with_their_graph():
+    import gc
+    import weakref
+
+    @tf.custom_gradient
+    def double(x):
+        return 2 * x, lambda dy: 2 * dy
+
+    graphs = []
+
+    def step(x):
+        graphs.append(weakref.ref(tf.compat.v1.get_default_graph()))  # the traced FuncGraph
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = double(x)
+        return tape.gradient(y, x)
+
+    names = set(graph_hooks._registry())
+    assert float(tf.function(step)(tf.constant(1.0))) == 2.0
+    gc.collect()
+    assert graphs[0]() is not None  # TensorFlow keeps a traced custom gradient's graph for good
+    with graph_hooks.custom_gradients_released():
+        assert float(tf.function(step)(tf.constant(1.0))) == 2.0
+        assert len(set(graph_hooks._registry()) - names) == 2
+    gc.collect()
+    assert len(set(graph_hooks._registry()) - names) == 1
+    assert graphs[1]() is None

@@ -56,6 +56,47 @@ def _check_ranks(out, reference, params):
     assert stats["bytes_sent"] == pytest.approx(6 * ring_bytes("all_reduce", 4 * params, 2))
 
 
+POWERSGD = '{"name": "powersgd", "rank": 2}'
+# The Horovod jobs that must succeed, run one after another in one `horovodrun -np 2` (each its
+# own fit from a fresh Keras session) rather than one horovodrun per test: {name: options}.
+HOROVOD_JOBS = {
+    "sgd": ["--optimizer", "sgd"],
+    "adam": ["--optimizer", "adam"],
+    "accumulation": ["--steps", "8", "--global-batch", "128", "--accumulation-steps", "4"],
+    "mixed_float16": ["--optimizer", "adam", "--precision", "mixed_float16"],
+    "powersgd": ["--hidden", "64", "--compressor", POWERSGD],
+    "identity": ["--compressor", '{"name": "none"}', "--min-compress-size", "0"],
+    "auto": ["--hidden", "64", "--steps", "12", "--auto-exchange"],
+    "local_sgd": ["--steps", "7", "--local-sgd", "3"],
+    **{f"zero{stage}{'_' + offload if offload else ''}": [
+        "--optimizer", "adam", "--steps", "20", "--zero", str(stage),
+        *(["--offload", offload] if offload else [])]
+       for stage, offload in ((1, None), (2, None), (2, "disk"), (3, None))},
+    **{f"zero_checkpoint{'_' + offload if offload else ''}": [
+        "--optimizer", "adam", "--steps", "10", "--zero", "2",
+        *(["--offload", offload] if offload else [])] for offload in (None, "disk")},
+}
+
+
+@pytest.fixture(scope="module")
+def horovod_runs(tmp_path_factory):
+    """HOROVOD_JOBS on 2 Horovod ranks: {name: the job's output directory}. A job with a
+    checkpoint saves to DIR/ckpt/zero.keras."""
+    if not horovod_available():
+        pytest.skip("Horovod is not installed: run launch/build_horovod.sh (see BUILD.md)")
+    root = tmp_path_factory.mktemp("horovod_jobs")
+    jobs = {}
+    for name, options in HOROVOD_JOBS.items():
+        checkpoint = ["--checkpoint", str(root / name / "ckpt" / "zero.keras")] \
+            if name.startswith("zero_checkpoint") else []
+        jobs[name] = ["--engine", "horovod", "--out", str(root / name), *options, *checkpoint]
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    result = run_horovod([sys.executable, WORKER, "--jobs", str(root / "jobs.json")], 2,
+                         3 * TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.output[-5000:]
+    return {name: root / name for name in jobs}
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_two_tf_config_workers_match_mirrored_strategy(mirrored, worker_cmd, tmp_path, optimizer):
     results = run_tf_workers(
@@ -97,36 +138,26 @@ def test_mismatched_tf_config_worker_fails_fast_and_clearly(worker_cmd, tmp_path
 @needs_horovod
 @pytest.mark.horovod
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_two_horovod_ranks_match_mirrored_strategy(mirrored, worker_cmd, tmp_path, optimizer):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", optimizer],
-        2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    _check_ranks(tmp_path, _reference(mirrored, optimizer=optimizer),
+def test_two_horovod_ranks_match_mirrored_strategy(mirrored, horovod_runs, optimizer):
+    _check_ranks(horovod_runs[optimizer], _reference(mirrored, optimizer=optimizer),
                  common.make_model().count_params())
 
 
 @needs_horovod
 @pytest.mark.horovod
-def test_horovod_accumulation_matches_one_big_batch_step(mirrored, worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--steps", "8",
-         "--global-batch", "128", "--accumulation-steps", "4"], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
+def test_horovod_accumulation_matches_one_big_batch_step(mirrored, horovod_runs):
     big, _ = common.train("strategy", 2, 128, strategy=mirrored(2), wrap=False)
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    out = horovod_runs["accumulation"]
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, common.weights(big), rtol=1e-5, atol=1e-6)
 
 
 @needs_horovod
 @pytest.mark.horovod
-def test_horovod_mixed_float16_ranks_agree(worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", "adam",
-         "--precision", "mixed_float16"], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+def test_horovod_mixed_float16_ranks_agree(horovod_runs):
+    out = horovod_runs["mixed_float16"]
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     assert all(np.isfinite(w).all() for w in w0)
     initial = common.weights(common.make_model())
@@ -144,9 +175,6 @@ def test_mismatched_horovod_rank_fails_fast_with_tfdist_error(worker_cmd, tmp_pa
     assert result.returncode not in (0, None), result.output[-5000:]
     assert "The workers' models differ" in result.output
     assert "rank 1: 4 variables, 1285 parameters" in result.output
-
-
-POWERSGD = '{"name": "powersgd", "rank": 2}'
 
 
 def _assert_identical_and_trained(out):
@@ -177,22 +205,14 @@ def test_multi_worker_compressed_strategy_with_powersgd_ends_identical(worker_cm
 
 @needs_horovod
 @pytest.mark.horovod
-def test_two_horovod_ranks_with_powersgd_end_identical(worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--hidden", "64",
-         "--compressor", POWERSGD], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    _assert_identical_and_trained(tmp_path)
+def test_two_horovod_ranks_with_powersgd_end_identical(horovod_runs):
+    _assert_identical_and_trained(horovod_runs["powersgd"])
 
 
 @needs_horovod
 @pytest.mark.horovod
-def test_horovod_identity_compressor_equals_plain_synchronous(mirrored, worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--compressor",
-         '{"name": "none"}', "--min-compress-size", "0"], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    w0 = common.load_weights(str(tmp_path / "rank0.npz"))
+def test_horovod_identity_compressor_equals_plain_synchronous(mirrored, horovod_runs):
+    w0 = common.load_weights(str(horovod_runs["identity"] / "rank0.npz"))
     common.assert_weights_close(w0, _reference(mirrored), rtol=0, atol=1e-6)
 
 
@@ -216,12 +236,8 @@ def test_auto_exchange_picks_the_same_on_two_tf_config_workers(worker_cmd, tmp_p
 
 @needs_horovod
 @pytest.mark.horovod
-def test_auto_exchange_picks_the_same_on_two_horovod_ranks(worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--hidden", "64",
-         "--steps", "12", "--auto-exchange"], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    _assert_same_auto_pick(tmp_path)
+def test_auto_exchange_picks_the_same_on_two_horovod_ranks(horovod_runs):
+    _assert_same_auto_pick(horovod_runs["auto"])
 
 
 def test_accordion_decisions_agree_across_tf_config_workers(worker_cmd, tmp_path):
@@ -318,12 +334,8 @@ def test_multi_worker_local_sgd_strategy_ends_identical(worker_cmd, tmp_path):
 
 @needs_horovod
 @pytest.mark.horovod
-def test_local_sgd_on_two_horovod_ranks_ends_identical(worker_cmd, tmp_path):
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--steps", "7",
-         "--local-sgd", "3"], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    _assert_local_sgd_ranks(tmp_path)
+def test_local_sgd_on_two_horovod_ranks_ends_identical(horovod_runs):
+    _assert_local_sgd_ranks(horovod_runs["local_sgd"])
 
 
 @needs_horovod
@@ -350,21 +362,17 @@ def test_hierarchical_local_sgd_on_four_horovod_ranks_as_two_hosts(worker_cmd, t
 @needs_horovod
 @pytest.mark.horovod
 @pytest.mark.parametrize(("stage", "offload"), [(1, None), (2, None), (2, "disk")])
-def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, stage, offload):
+def test_zero_on_two_horovod_ranks_matches_adam(mirrored, horovod_runs, stage, offload):
     """tfdist.horovod.ZeroOptimizer(Adam): each rank holds half of Adam's state (on the device or
     in files streamed in 8 KiB chunks); 20 steps equal plain Adam under MirroredStrategy;
     bytes = reduce-scatter + all-gather = a dense all-reduce."""
-    extra = ["--offload", offload] if offload else []
-    result = run_horovod(
-        [*worker_cmd, "--engine", "horovod", "--out", str(tmp_path), "--optimizer", "adam",
-         "--steps", "20", "--zero", str(stage), *extra], 2, TIMEOUT, env=worker_env())
-    assert result.returncode == 0, result.output[-5000:]
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    out = horovod_runs[f"zero{stage}{'_' + offload if offload else ''}"]
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
                                 rtol=1e-5, atol=1e-6)
     shard = -(-common.make_model().count_params() // 2)
-    stats = json.loads((tmp_path / "rank0.json").read_text())
+    stats = json.loads((out / "rank0.json").read_text())
     assert stats["rounds"] == 20
     assert stats["bytes_sent"] == pytest.approx(20 * (
         ring_bytes("reduce_scatter", 8 * (shard + 1), 2)  # + each shard's non-finite count
@@ -373,26 +381,29 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, worker_cmd, tmp_path, 
 
 @pytest.mark.parametrize("engine", [
     "multi_worker", pytest.param("horovod", marks=[needs_horovod, pytest.mark.horovod])])
-def test_zero3_on_two_processes_matches_adam(mirrored, worker_cmd, tmp_path, engine):
+def test_zero3_on_two_processes_matches_adam(mirrored, worker_cmd, request, tmp_path, engine):
     """ZeRO stage 3 (ShardedModel + ZeroOptimizer(Adam, stage=3)) over 2 TF_CONFIG workers or
     2 Horovod ranks: each process holds half of every layer's parameters and Adam's state; 20
     steps equal plain Adam under MirroredStrategy (the weights gathered on both processes)."""
-    command = [*worker_cmd, "--engine", engine, "--out", str(tmp_path), "--optimizer", "adam",
-               "--steps", "20", "--zero", "3"]
-    _run_two(engine, command)
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    if engine == "horovod":
+        out = request.getfixturevalue("horovod_runs")["zero3"]
+    else:
+        out = tmp_path
+        _run_two(engine, [*worker_cmd, "--engine", engine, "--out", str(out), "--optimizer",
+                          "adam", "--steps", "20", "--zero", "3"])
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
                                 rtol=1e-5, atol=1e-6)
-    assert json.loads((tmp_path / "rank0.json").read_text())["rounds"] == 20
+    assert json.loads((out / "rank0.json").read_text())["rounds"] == 20
 
 
 @pytest.mark.parametrize(("engine", "offload"), [
     ("multi_worker", None),
     pytest.param("horovod", None, marks=[needs_horovod, pytest.mark.horovod]),
     pytest.param("horovod", "disk", marks=[needs_horovod, pytest.mark.horovod])])
-def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, tmp_path,
-                                                          engine, offload):
+def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, request,
+                                                          tmp_path, engine, offload):
     """ZeroOptimizer(Adam) on 2 processes == plain Adam. Each process holds half of Adam's
     state; tfdist.callbacks.ModelCheckpoint, passed on every rank, has the save gather the
     halves and only rank 0 write. The file loads on 4 replicas and, trained on, equals 20
@@ -401,16 +412,21 @@ def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, 
 
     import tfdist
 
-    ckpt = tmp_path / "ckpt" / "zero.keras"
-    argv = [*worker_cmd, "--engine", engine, "--out", str(tmp_path), "--optimizer", "adam",
-            "--steps", "10", "--zero", "2", "--checkpoint", str(ckpt),
-            *(["--offload", offload] if offload else [])]
-    _run_two(engine, argv)
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    if engine == "horovod":
+        out = request.getfixturevalue("horovod_runs")[
+            f"zero_checkpoint{'_' + offload if offload else ''}"]
+    else:
+        out = tmp_path
+        _run_two(engine, [*worker_cmd, "--engine", engine, "--out", str(out), "--optimizer",
+                          "adam", "--steps", "10", "--zero", "2", "--checkpoint",
+                          str(out / "ckpt" / "zero.keras"),
+                          *(["--offload", offload] if offload else [])])
+    ckpt = out / "ckpt" / "zero.keras"
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=10, optimizer="adam"),
                                 rtol=1e-5, atol=1e-6)
-    written = [json.loads((tmp_path / f"rank{r}.json").read_text())["checkpoint"]
+    written = [json.loads((out / f"rank{r}.json").read_text())["checkpoint"]
                for r in (0, 1)]
     assert written[0] == str(ckpt) and ckpt.is_file()
     assert written[1] != str(ckpt) and not Path(written[1]).exists()  # scratch, removed

@@ -1,8 +1,11 @@
 """A worker process for multi-process tests: trains `common.train` and saves its weights.
 
     python tests/workers/train_worker.py --engine multi_worker|horovod --out DIR [options]
+    python tests/workers/train_worker.py --jobs JOBS.json
 
-Writes DIR/rank{R}.npz and DIR/rank{R}.json (bytes sent, rounds) and prints DONE.
+Writes DIR/rank{R}.npz and DIR/rank{R}.json (bytes sent, rounds) and prints DONE. `--jobs` runs
+several Horovod jobs one after another in this process, each its own fit from a fresh Keras
+session: JOBS.json maps a name to the job's options (each with its own --out).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from tests.workers import common  # noqa: E402
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    p.add_argument("--engine", choices=["multi_worker", "horovod"], required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--jobs", default=None, help="a JSON file: {name: [options of one job]}")
+    p.add_argument("--engine", choices=["multi_worker", "horovod"])
+    p.add_argument("--out")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--accumulation-steps", type=int, default=1)
@@ -54,8 +58,32 @@ def main() -> None:
                    help="tfdist.MultiWorkerMirroredStrategy(step_logs=...); records the logs")
     p.add_argument("--plain-strategy", action="store_true",
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of tfdist's")
-    args = p.parse_args()
+    return p
 
+
+def main() -> None:
+    p = _parser()
+    args = p.parse_args()
+    if not args.jobs:
+        if not (args.engine and args.out):
+            p.error("give --engine and --out, or --jobs")
+        run(args)
+        return
+    import keras
+
+    with open(args.jobs) as f:
+        jobs = {name: p.parse_args(options) for name, options in json.load(f).items()}
+    for name, job in jobs.items():
+        if job.engine != "horovod" or job.levels or not job.out:
+            # One process holds one TF_CONFIG strategy, and one set of Horovod process sets.
+            p.error(f"job {name!r}: --jobs runs Horovod jobs with an --out and no --levels")
+    for name, job in jobs.items():
+        print(f"JOB {name}", flush=True)
+        run(job)
+        keras.backend.clear_session()
+
+
+def run(args: argparse.Namespace) -> None:
     import keras
     import tensorflow as tf
 

@@ -11,4 +11,6 @@ keras 3.15.x.
   reduction of the logs over workers).
 * `variables`: Keras variable and layer internals (storage released for ZeRO stage 3, a layer's
   own variables, nested layers, symbolic shape inference, the autocast scope, uncast reads).
+* `graphs`: the gradient registry (custom gradients that TensorFlow registers while tracing and
+  never drops, released after a block of work).
 """

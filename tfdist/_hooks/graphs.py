@@ -6,7 +6,8 @@ function in TensorFlow's global gradient registry under a new name. The entry cl
 traced tensors, so it keeps the whole traced graph, and the functions the eager context holds for
 it, alive for as long as the process lives. A process that traces many models (a test suite, a
 sweep) grows by tens of thousands of objects per step it traces, and every later garbage
-collection walks them. Covered by tests/test_hooks.py.
+collection walks them (tensorflow/tensorflow#97697, open for TF 2.21). Covered by
+tests/test_hooks.py.
 """
 
 from __future__ import annotations

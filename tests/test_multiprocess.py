@@ -57,6 +57,12 @@ def _check_ranks(out, reference, params):
 
 
 POWERSGD = '{"name": "powersgd", "rank": 2}'
+
+
+def _job(prefix: str, offload: str | None) -> str:
+    return f"{prefix}_{offload}" if offload else prefix
+
+
 # The Horovod jobs that must succeed, run one after another in one `horovodrun -np 2` (each its
 # own fit from a fresh Keras session) rather than one horovodrun per test: {name: options}.
 HOROVOD_JOBS = {
@@ -68,11 +74,11 @@ HOROVOD_JOBS = {
     "identity": ["--compressor", '{"name": "none"}', "--min-compress-size", "0"],
     "auto": ["--hidden", "64", "--steps", "12", "--auto-exchange"],
     "local_sgd": ["--steps", "7", "--local-sgd", "3"],
-    **{f"zero{stage}{'_' + offload if offload else ''}": [
+    **{_job(f"zero{stage}", offload): [
         "--optimizer", "adam", "--steps", "20", "--zero", str(stage),
         *(["--offload", offload] if offload else [])]
        for stage, offload in ((1, None), (2, None), (2, "disk"), (3, None))},
-    **{f"zero_checkpoint{'_' + offload if offload else ''}": [
+    **{_job("zero_checkpoint", offload): [
         "--optimizer", "adam", "--steps", "10", "--zero", "2",
         *(["--offload", offload] if offload else [])] for offload in (None, "disk")},
 }
@@ -366,7 +372,7 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, horovod_runs, stage, o
     """tfdist.horovod.ZeroOptimizer(Adam): each rank holds half of Adam's state (on the device or
     in files streamed in 8 KiB chunks); 20 steps equal plain Adam under MirroredStrategy;
     bytes = reduce-scatter + all-gather = a dense all-reduce."""
-    out = horovod_runs[f"zero{stage}{'_' + offload if offload else ''}"]
+    out = horovod_runs[_job(f"zero{stage}", offload)]
     w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
@@ -413,8 +419,7 @@ def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, 
     import tfdist
 
     if engine == "horovod":
-        out = request.getfixturevalue("horovod_runs")[
-            f"zero_checkpoint{'_' + offload if offload else ''}"]
+        out = request.getfixturevalue("horovod_runs")[_job("zero_checkpoint", offload)]
     else:
         out = tmp_path
         _run_two(engine, [*worker_cmd, "--engine", engine, "--out", str(out), "--optimizer",

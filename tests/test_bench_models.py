@@ -94,3 +94,28 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
         run_dir.mkdir()
         (run_dir / "config.yaml").write_text(yaml.safe_dump(load_config(f"configs/{name}")))
         assert (models.compressor_ms(run_dir, repeats=2) > 0) == positive
+
+
+def test_the_encoders_position_table_is_trained_and_saved(tmp_path):
+    """The encoder's learned positions are a weight of the model: one SGD step moves them, and
+    a saved model loads with the same table and the same predictions."""
+    import keras
+    import numpy as np
+
+    from tfdist.tools.models import build_model
+
+    keras.utils.set_random_seed(0)
+    model = build_model("transformer", (8,), 10, (16,), layers=1, heads=2, vocab=32)
+    table = next(v for v in model.trainable_weights if v.path == "positions/embeddings")
+    assert tuple(table.shape) == (8, 16)
+    before = table.numpy().copy()
+    x = np.random.default_rng(0).standard_normal((16, 8)).astype("float32")
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    model.fit(x, np.arange(16) % 10, batch_size=16, epochs=1, verbose=0)
+    assert np.abs(table.numpy() - before).max() > 0
+
+    model.save(tmp_path / "encoder.keras")
+    loaded = keras.saving.load_model(tmp_path / "encoder.keras")
+    np.testing.assert_array_equal(loaded.get_layer("positions").embeddings.numpy(), table.numpy())
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                               rtol=0, atol=1e-6)

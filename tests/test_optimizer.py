@@ -177,7 +177,7 @@ def test_rejects_wrapped_or_accumulating_inner_optimizers():
 def test_embedding_gradients_sparse_in_keras_are_exchanged_whole(mirrored, options):
     """Keras hands embeddings' gradients over as tf.IndexedSlices (rows of unknown count when
     traced): the exchange densifies them to the tables' shapes, and dense training equals plain
-    Keras on the same strategy. (The bench's encoder: token and position embeddings.)"""
+    Keras on the same strategy. (The bench's encoder: its token embedding.)"""
     from tfdist.tools.models import build_model
 
     x = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")

@@ -58,9 +58,7 @@ def transformer(input_shape, num_classes, hidden, layers: int = 4, heads: int = 
     scaled = keras.ops.clip((inputs + 4.0) * (vocab / 8.0), 0, vocab - 1)
     ids = keras.ops.cast(scaled, "int32")
     h = keras.layers.Embedding(vocab, width, name="tokens")(ids)
-    positions = keras.layers.Embedding(length, width, name="positions")(
-        keras.ops.arange(length)[None])
-    h = h + positions
+    h = PositionEmbedding(name="positions")(h)
     for i in range(layers):
         a = keras.layers.LayerNormalization(name=f"ln_a{i}")(h)
         a = keras.layers.MultiHeadAttention(heads, width // heads, name=f"attention_{i}")(a, a)
@@ -72,6 +70,21 @@ def transformer(input_shape, num_classes, hidden, layers: int = 4, heads: int = 
     outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
                                  name="logits")(h)
     return keras.Model(inputs, outputs, name="transformer")
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned vector per position to a sequence of shape [batch, length, width]: one
+    trainable [length, width] table (initialized as keras.layers.Embedding's), whose gradient
+    is a dense tensor of the table's shape."""
+
+    def build(self, input_shape):
+        length, width = input_shape[-2:]
+        self.embeddings = self.add_weight(shape=(length, width), initializer="uniform",
+                                          name="embeddings")
+
+    def call(self, inputs):
+        return inputs + keras.ops.cast(self.embeddings, inputs.dtype)
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "resnet50": resnet50, "transformer": transformer}

@@ -119,3 +119,22 @@ def test_the_encoders_position_table_is_trained_and_saved(tmp_path):
     np.testing.assert_array_equal(loaded.get_layer("positions").embeddings.numpy(), table.numpy())
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
                                rtol=0, atol=1e-6)
+
+
+def test_keras_exchange_formula_gathers_embedding_rows_and_reduces_the_rest():
+    """Keras' own exchange is not counted as it runs: its formula all-reduces the dense
+    gradients in one call and all-gathers each embedding's looked-up rows with their int32
+    indices in three (row counts, rows, indices), as TF's CollectiveAllReduce does."""
+    from tfdist.tools.models import build_model
+    from tfdist.tools.runner import keras_exchange
+
+    model = build_model("transformer", (8,), 10, (16,), layers=1, heads=2, vocab=32)
+    table = 32 * 16
+    dense = model.count_params() - table
+    rows = 3 * 8  # replica batch 3, 8 ids per example
+    sent, calls = keras_exchange(model, 3, 4)
+    assert calls == 4
+    assert sent == 2 * 3 / 4 * 4 * dense + 3 * (rows * (16 * 4 + 4) + 4)
+    assert keras_exchange(model, 3, 1) == (0.0, 0)
+    mlp = build_model("mlp", (8,), 10, (16,))
+    assert keras_exchange(mlp, 3, 2) == (4.0 * mlp.count_params(), 1)

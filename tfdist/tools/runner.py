@@ -301,6 +301,45 @@ def accuracy(model: keras.Model, batches) -> float:
     return correct / max(total, 1)
 
 
+def keras_exchange(model: keras.Model, replica_batch: int, world_size: int) -> tuple[float, int]:
+    """What Keras' own exchange on a tf.distribute strategy sends per worker and step, and in
+    how many collective calls; it is not counted as it runs, so this is a formula. TF's
+    CollectiveAllReduce all-reduces the dense gradients in one batched call. An embedding's
+    gradient is rows (tf.IndexedSlices): it all-gathers them in three calls, the row counts,
+    the rows and their int32 indices (tensorflow/python/distribute/cross_device_utils.py). A
+    table's rows per step: the ids its layer looks up, its input's size per example (the first
+    call's) times the replica's batch."""
+    if world_size <= 1:
+        return 0.0, 0
+    rows = {id(layer.embeddings): (replica_batch * int(np.prod(layer.input.shape[1:])))
+            for layer in _layers(model)
+            if isinstance(layer, keras.layers.Embedding) and _static_input(layer)}
+    dense, gathered, calls = 0, 0.0, 0
+    for v in model.trainable_weights:
+        size = int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+        if id(v) in rows:
+            row_bytes = size // v.shape[0] + 4
+            gathered += ring_bytes("all_gather", rows[id(v)] * row_bytes + 4, world_size)
+            calls += 3
+        else:
+            dense += size
+    calls += dense > 0
+    return ring_bytes("all_reduce", dense, world_size) + gathered, calls
+
+
+def _layers(model: keras.Layer):
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _layers(layer)
+
+
+def _static_input(layer: keras.Layer) -> bool:
+    try:
+        return all(d is not None for d in layer.input.shape[1:])
+    except (AttributeError, ValueError):  # not called yet, or not in a functional graph
+        return False
+
+
 # -- the optimizer -----------------------------------------------------------------------------------
 def _state_bytes(optimizer) -> dict[str, int]:
     """Optimizer-state bytes per device (and host/disk when offloaded), as placed."""
@@ -553,9 +592,11 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     if counted:
         bytes_sent, rounds = optimizer.bytes_sent, optimizer.communication_rounds
         calls = optimizer.collective_calls
-    else:  # Keras' own all-reduce sends what a dense ring all-reduce sends (not counted)
-        bytes_sent, rounds = dense_per_step * total_steps, total_steps
-        calls = total_steps if job.world_size > 1 else 0  # one batched all-reduce per step
+    else:  # Keras' own exchange (not counted as it runs): its formula
+        per_step, calls_per_step = keras_exchange(
+            unsharded, micro_batch // job.world_size, job.world_size)
+        bytes_sent, rounds = per_step / accumulation * total_steps, total_steps
+        calls = calls_per_step * total_steps
     if isinstance(model, ShardedModel):  # model.keras holds the unsharded model (no optimizer)
         model = model.load_into(make_model(config, data))
     model_path = files.save_model(model) if config["train"]["save_model"] else None

@@ -11,11 +11,12 @@ in the same sweep) over the run's. Writes OUT/models.md, OUT/models.json, OUT/mo
 each model's comm-suite files under OUT/<model>/<hosts>hosts/.
 
 Each row also gets a per-step breakdown (`breakdown`): compute, the zero-communication limit's
-step (measured); wire, the bytes the worker sends per step (counted by its optimizer; for Keras'
-own all-reduce, the dense formula) at the link's rate; compressor, the compressor's own work on this model's
-gradients (measured in this process over a loopback communicator, as the compressors suite
-does); and the rest of the step (latency, framework work, both hosts sharing this machine's
-cores), negative where communication overlapped computation.
+step (measured); wire, the bytes the worker sends per step (counted by its optimizer; for
+Keras' own exchange, its formula: `tfdist.tools.runner.keras_exchange`) at the link's rate;
+compressor, the compressor's own work on this model's gradients (measured in this process over
+a loopback communicator, as the compressors suite does); and the rest of the step (latency,
+framework work, both hosts sharing this machine's cores), negative where communication
+overlapped computation.
 """
 
 from __future__ import annotations

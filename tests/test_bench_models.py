@@ -57,7 +57,7 @@ def test_throughput_and_scaling_efficiency():
     def row(algorithm, step_ms):
         return {"hosts": 2, "bandwidth": "1gbit", "algorithm": algorithm, "label": algorithm,
                 "step_ms": step_ms, "collectives_per_step": 1.0, "bytes_per_step": 8.0,
-                "bytes_counted": True, "curve": []}
+                "bytes_counted": True, "wire_bytes_per_step": 10.0, "curve": []}
 
     rows = models.rows_with_throughput("transformer", info,
                                        [row("dense", 400.0), row("fp16", 250.0),
@@ -66,8 +66,8 @@ def test_throughput_and_scaling_efficiency():
     assert rows[0]["throughput"] == pytest.approx(2 * 16 * 64 / 0.4)
     assert rows[1]["scaling_efficiency"] == pytest.approx(0.8)
     lines = models.table(rows).splitlines()
-    assert lines[2] == "| transformer | 2 | 1gbit | dense | 400 | 5,120 tokens/s | 1.00x | 50% | 1 | 8 |"
-    assert lines[3].endswith("| 8,192 tokens/s | 1.60x | 80% | 1 | 8 |")
+    assert lines[2] == "| transformer | 2 | 1gbit | dense | 400 | 5,120 tokens/s | 1.00x | 50% | 1 | 8 | 10 |"
+    assert lines[3].endswith("| 8,192 tokens/s | 1.60x | 80% | 1 | 8 | 10 |")
 
 
 def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path):

@@ -5,7 +5,9 @@ BERT-like encoder on synthetic tokens; random weights, sizes small enough for th
 spec says) trains for a few steps with each algorithm as one TF_CONFIG worker (or Horovod rank)
 per emulated host, on the comm suite's machinery: the per-worker batch stays fixed, so the global
 batch grows with the hosts. Per run: median step time, throughput (images or tokens per second,
-all workers), bytes and collective calls per step, and the scaling efficiency: the
+all workers), bytes and collective calls per step, the bytes each host's link carried per step
+(its interface's counter over the run: start-up traffic and protocol included; measured for
+Keras' own exchange too, whose bytes are otherwise a formula), and the scaling efficiency: the
 zero-communication limit's step time (the same per-worker batch on one worker, no exchange, run
 in the same sweep) over the run's. Writes OUT/models.md, OUT/models.json, OUT/models_*.png and
 each model's comm-suite files under OUT/<model>/<hosts>hosts/.
@@ -167,8 +169,9 @@ def _seconds(value: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | hosts | link | algorithm | step time (ms) | throughput | vs first row "
-             "| scaling efficiency | collectives/step | bytes/step/worker |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| scaling efficiency | collectives/step | bytes/step/worker "
+             "| on the wire/step/host (measured) |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     base: dict[tuple, dict] = {}
     for r in rows:
         key = (r["model"], r["hosts"], r["bandwidth"])
@@ -180,7 +183,8 @@ def table(rows: list[dict]) -> str:
             f"{r['throughput'] / b['throughput']:.2f}x | "
             + (f"{eff:.0%}" if eff is not None else "n/a")
             + f" | {r['collectives_per_step']:.0f} | {r['bytes_per_step']:,.0f}"
-            + ("" if r["bytes_counted"] else " (formula)") + " |")
+            + ("" if r["bytes_counted"] else " (formula)")
+            + f" | {r['wire_bytes_per_step']:,.0f} |")
     return "\n".join(lines)
 
 

@@ -9,8 +9,9 @@ all workers), bytes and collective calls per step, the bytes each host's link ca
 (its interface's counter over the run: start-up traffic and protocol included; measured for
 Keras' own exchange too, whose bytes are otherwise a formula), and the scaling efficiency: the
 zero-communication limit's step time (worker 0's, where every host trains the same per-worker
-batch at the same time with no exchange, in the same sweep) over the run's. Writes OUT/models.md, OUT/models.json, OUT/models_*.png and
-each model's comm-suite files under OUT/<model>/<hosts>hosts/.
+batch at the same time with no exchange, in the same sweep) over the run's. Writes
+OUT/models.md, OUT/models.json, OUT/models_*.png and each model's comm-suite files under
+OUT/<model>/<hosts>hosts/.
 
 Each row also gets a per-step breakdown (`breakdown`): compute, the zero-communication limit's
 step (measured); wire, the bytes the worker sends per step (counted by its optimizer; for

@@ -33,6 +33,7 @@ import yaml
 
 import tfdist
 from tfdist import compression
+from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
     BackupAndRestore,
     CommunicationStats,
@@ -312,7 +313,7 @@ def keras_exchange(model: keras.Model, replica_batch: int, world_size: int) -> t
     if world_size <= 1:
         return 0.0, 0
     rows = {id(layer.embeddings): (replica_batch * int(np.prod(layer.input.shape[1:])))
-            for layer in _layers(model)
+            for layer in nested_layers(model)
             if isinstance(layer, keras.layers.Embedding) and _static_input(layer)}
     dense, gathered, calls = 0, 0.0, 0
     for v in model.trainable_weights:
@@ -323,14 +324,8 @@ def keras_exchange(model: keras.Model, replica_batch: int, world_size: int) -> t
             calls += 3
         else:
             dense += size
-    calls += dense > 0
+    calls += int(dense > 0)
     return ring_bytes("all_reduce", dense, world_size) + gathered, calls
-
-
-def _layers(model: keras.Layer):
-    for layer in getattr(model, "layers", ()):
-        yield layer
-        yield from _layers(layer)
 
 
 def _static_input(layer: keras.Layer) -> bool:

@@ -19,17 +19,32 @@ multi-worker job lock each other's file. This one:
 
 A backup is a directory `step-<n>` (n global batches consumed) made under a temporary name and
 renamed when complete, so a process killed while saving leaves the previous backup, which is
-kept (`keep` >= 2) until the next one is complete.
+kept (`keep` >= 2) until the next one is complete. Each backup lists its files with their sizes
+and SHA-256 digests (meta.json); at a restart a backup that does not match (a truncated or
+garbled file) is set aside as `step-<n>.corrupt` and the newest intact one is used, said in one
+line. With `job`, a backup records what the job was (batch size, data seed, optimizer, ...), and
+a restart of another job is refused before training, naming each difference.
+
+Preemption (`preemption_signals`): a termination notice (SIGTERM from a cloud or Kubernetes,
+SLURM's `--signal=USR1@60`, `scancel --signal=TERM`) delivered to any process lets the step in
+flight finish; then every process agrees on it (one small all-gather per step while the job has
+several processes), backs up at that same step and ends with `PREEMPTED_EXIT` (76), the status
+that means "run me again": the same command resumes from that backup exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -42,6 +57,7 @@ from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import replica_copies, resolve
 
 FORMAT = 1
+PREEMPTED_EXIT = 76  # "preempted, backed up: run me again" (75, RESIZE_EXIT, asks for a new size)
 META = "meta.json"
 COPIES = "copies.npz"
 STATE = "state"
@@ -76,6 +92,17 @@ class BackupAndRestore(keras.callbacks.Callback):
             residuals, Q) becomes the mean over the old replicas, a ZeRO optimizer's shards
             are re-cut for the new world, and the metrics of the resumed epoch restart.
             Defaults to False (the same number of processes; no shared directory needed).
+        job: What determines this job's data order and state, as a JSON-able dict (e.g.
+            {"batch_size": 64, "data_seed": 3, "optimizer": "adam"}); recorded with every
+            backup and compared at a restart, which is refused (`BackupMismatch`) naming each
+            value that differs. None: not recorded. Defaults to None.
+        preemption_signals: Signals (names such as "SIGTERM", "SIGUSR1", or numbers) that mean
+            "this job is about to be stopped": the step in flight ends, every process backs
+            up at that same step and exits with `PREEMPTED_EXIT` (see the module docstring).
+            The handlers are installed for the duration of `fit` (from the main thread) and
+            the previous ones restored after. Defaults to () (signals keep their usual effect).
+        on_preempted: Called on the chief with the backed-up step just before the exit (e.g.
+            to requeue a scheduler job); None: nothing. Defaults to None.
 
     Example:
         ```python
@@ -86,7 +113,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, save_freq: str | int = "epoch", keep: int = 2,
-                 delete_checkpoint: bool = True, elastic: bool = False):
+                 delete_checkpoint: bool = True, elastic: bool = False,
+                 job: dict[str, Any] | None = None,
+                 preemption_signals: Sequence[str | int] = (),
+                 on_preempted: Callable[[int], None] | None = None):
         super().__init__()
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise ValueError(f"`directory` must be a non-empty path. Received: {directory!r}")
@@ -99,6 +129,22 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.keep = check_int("keep", keep, 2)
         self.delete_checkpoint = check_bool("delete_checkpoint", delete_checkpoint)
         self.elastic = check_bool("elastic", elastic)
+        if job is not None:
+            try:
+                job = json.loads(json.dumps(job))
+            except (TypeError, ValueError):
+                raise ValueError(f"`job` must be a JSON-able dict. Received: job={job!r}") from None
+            if not isinstance(job, dict):
+                raise ValueError(f"`job` must be a dict. Received: job={job!r}")
+        self.job = job
+        self.preemption_signals = check_signals(preemption_signals)
+        if on_preempted is not None and not callable(on_preempted):
+            raise ValueError(f"`on_preempted` must be callable or None. Received: "
+                             f"on_preempted={on_preempted!r}")
+        self.on_preempted = on_preempted
+        self.preempted: dict[str, Any] | None = None  # {"signal", "step"} once preempted
+        self._notice: int | None = None  # the signal this process received
+        self._previous_handlers: dict[int, Any] = {}
         self.batches_per_epoch: list[int] = []  # global batches trained on, per epoch
         self.restored: dict[str, Any] | None = None  # the backup's meta.json, when resumed
         self._consumed = 0  # global batches (dataset elements) fit has consumed
@@ -107,6 +153,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._skipped: SkippedSteps | None = None  # the resumed epoch's finished steps
         self._pending_metrics: list = []  # (replica copies, values) set when an epoch begins
         self.last_saved: int | None = None  # the step (global batches) of the last backup made
+        self._epoch_logs: dict[str, float] = {}  # the last finished epoch's logs
 
     @property
     def skipping(self) -> bool:
@@ -134,6 +181,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.restored = None
         self._pending_metrics = []
         self.batches_per_epoch = []
+        self.preempted, self._notice = None, None
+        self._clean_leftovers()
+        self._install_handlers()
         if self.elastic:
             found = self._elastic_backup()
             if found is not None:
@@ -160,26 +210,103 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.batches_per_epoch[self._epoch] += self._consumed - before
         if self.save_freq != "epoch" and before // self.save_freq < self._consumed // self.save_freq:
             self._save(epoch=self._epoch, batch=batch + 1)
+        if self.preemption_signals:
+            self._check_preemption(batch)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._epoch_logs = {k: float(v) for k, v in (logs or {}).items()
+                            if isinstance(v, (int, float, np.number))}
         if self.save_freq == "epoch":
             self._save(epoch=epoch + 1, batch=0)
 
     def on_train_end(self, logs=None):
+        self._restore_handlers()
         if self._skipped is not None:
             self._skipped.remove()
             self._skipped = None
         set_initial_epoch(self.model, None)
+        self.final_logs = dict(logs or {})
         if self.delete_checkpoint:
-            shutil.rmtree(self._process_dir, ignore_errors=True)
-            if self.elastic and self._engine.is_chief:  # those of processes now gone
-                for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
-                    index = name[len("process-"):]
-                    if name.startswith("process-") and index.isdigit() \
-                            and int(index) >= self._engine.process_count:
-                        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.rmdir(self.directory)  # the last process out removes the directory
+            self.remove()
+        elif self.last_saved != self._consumed:
+            # The end of training is backed up: a run stopped before its results are written
+            # resumes here and trains nothing more.
+            self._save(epoch=self._epoch + 1, batch=0)
+
+    def remove(self) -> None:
+        """Removes this process's backups (and, on the chief of an elastic job, those of
+        processes now gone): call it once the run's results are safe. Each folder is renamed
+        before it is deleted, so a kill midway leaves nothing that looks like a backup (the
+        next start clears what is left)."""
+        doomed = [self._process_dir]
+        if self.elastic and self._engine.is_chief:  # those of processes now gone
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+                index = name[len("process-"):]
+                if name.startswith("process-") and index.isdigit() \
+                        and int(index) >= self._engine.process_count:
+                    doomed.append(os.path.join(self.directory, name))
+        for path in doomed:
+            _remove(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.directory)  # the last process out removes the directory
+
+    def _clean_leftovers(self) -> None:
+        """Removes what a process killed while saving or removing left behind."""
+        for parent in (self.directory, self._process_dir):
+            if not os.path.isdir(parent):
+                continue
+            for name in os.listdir(parent):
+                if name.endswith((".partial", REMOVING)):
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+    # -- preemption ----------------------------------------------------------------------------
+    def _install_handlers(self) -> None:
+        if not self.preemption_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "BackupAndRestore(preemption_signals=...) installs signal handlers, which Python "
+                "allows only in the main thread; call fit from the main thread, or pass "
+                "preemption_signals=() and stop the job another way.")
+        for number in self.preemption_signals:
+            self._previous_handlers[number] = signal.signal(number, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        for number, handler in self._previous_handlers.items():
+            signal.signal(number, handler)
+        self._previous_handlers = {}
+
+    def _on_signal(self, number, frame) -> None:
+        if self._notice is None:
+            self._notice = number
+            print(f"[tfdist] {signal.Signals(number).name} received: backing up at the end of "
+                  "the step in flight, then exiting", file=sys.stderr, flush=True)
+
+    def _check_preemption(self, batch: int) -> None:
+        """Backs up and exits with PREEMPTED_EXIT on every process as soon as any process
+        received a preemption signal (all agree at the same step)."""
+        noticed = self._notice or 0
+        if self._engine.multi_process:  # one tiny all-gather: the same answer everywhere
+            every = np.asarray(self._engine.run(lambda comm: comm.all_gather(
+                tf.constant([noticed], tf.float64))))
+            noticed = next((int(n) for n in every if n), 0)
+        if not noticed:
+            return
+        step = self._consumed
+        if self.last_saved != step:
+            self._save(epoch=self._epoch, batch=batch + 1)
+        if self._engine.multi_process:  # nobody exits before every process has its backup
+            self._engine.run(lambda comm: comm.all_gather(tf.constant([1.0], tf.float64)))
+        name = signal.Signals(noticed).name
+        self.preempted = {"signal": name, "step": step}
+        self._restore_handlers()
+        if self._engine.is_chief:
+            print(f"[tfdist] preempted ({name}): backed up step {step} in {self.directory}; "
+                  f"exiting with {PREEMPTED_EXIT}. Run the same command again to resume.",
+                  file=sys.stderr, flush=True)
+            if self.on_preempted is not None:
+                self.on_preempted(step)
+        raise SystemExit(PREEMPTED_EXIT)
 
     # -- what is saved -------------------------------------------------------------------------
     def _groups(self) -> dict[str, list]:
@@ -215,6 +342,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             "groups": {key: [[v.path, list(v.shape), v.dtype] for v in group]
                        for key, group in groups.items()},
             "batches_per_epoch": self.batches_per_epoch,
+            "epoch_logs": self._epoch_logs,
+            "job": self.job,
             "time": time.time(),
         }
         try:
@@ -224,6 +353,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             copies = {str(i): np.stack([np.asarray(c.numpy()) for c in replica_copies(v)])
                       for i, v in enumerate(variables)}
             np.savez(os.path.join(partial, COPIES), **copies)  # type: ignore[arg-type]
+            meta["files"] = _manifest(partial)
             with open(os.path.join(partial, META), "w") as f:
                 json.dump(meta, f)
                 f.flush()
@@ -243,7 +373,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                           "space (or choose another directory) and run again to resume.") from e
         self.last_saved = step
         for old in self._complete()[:-self.keep]:
-            shutil.rmtree(os.path.join(self._process_dir, f"{PREFIX}{old}"), ignore_errors=True)
+            _remove(os.path.join(self._process_dir, f"{PREFIX}{old}"))
 
     # -- restoring ---------------------------------------------------------------------------------
     def _complete(self, directory: str | None = None) -> list[int]:
@@ -258,9 +388,26 @@ class BackupAndRestore(keras.callbacks.Callback):
                 steps.append(int(name[len(PREFIX):]))
         return sorted(steps)
 
+    def _verified(self) -> list[int]:
+        """The steps of this process's complete backups whose files match their manifest,
+        oldest first; the others are set aside as `step-<n>.corrupt` (kept, said)."""
+        good = []
+        for step in self._complete():
+            path = os.path.join(self._process_dir, f"{PREFIX}{step}")
+            problem = _check(path)
+            if problem is None:
+                good.append(step)
+                continue
+            aside = path + ".corrupt"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            print(f"[tfdist] the backup of step {step} is damaged ({problem}); set aside as "
+                  f"{aside}; using the newest intact backup", file=sys.stderr, flush=True)
+        return good
+
     def _agreed_backup(self) -> int | None:
         """The newest backup every process completed (None: start from scratch)."""
-        mine = self._complete()[-self.keep:]
+        mine = self._verified()[-self.keep:]
         if not self._engine.multi_process:
             return mine[-1] if mine else None
         row = np.full([1, self.keep], -1.0)
@@ -283,10 +430,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         it completed, read from the shared directory (any number of processes now)."""
         first = os.path.join(self.directory, "process-0")
         for step in reversed(self._complete(first)):
+            if _check(os.path.join(first, f"{PREFIX}{step}")) is not None:
+                continue  # damaged: an older one
             with open(os.path.join(first, f"{PREFIX}{step}", META)) as f:
                 count = json.load(f)["process_count"]
-            if all(os.path.isfile(os.path.join(self.directory, f"process-{j}", f"{PREFIX}{step}",
-                                               META)) for j in range(count)):
+            if all(_check(os.path.join(self.directory, f"process-{j}", f"{PREFIX}{step}"))
+                   is None for j in range(count)):
                 return step, count
         return None
 
@@ -298,6 +447,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         path = os.path.join(owner, f"{PREFIX}{step}")
         with open(os.path.join(path, META)) as f:
             meta = json.load(f)
+        differences = _differences(meta.get("job"), self.job)
+        if differences:
+            raise BackupMismatch(
+                f"The backup in {path} belongs to another job: {'; '.join(differences)}. Run "
+                "with the backup's values to resume it, or back up to another directory to "
+                "start afresh.")
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
@@ -349,13 +504,19 @@ class BackupAndRestore(keras.callbacks.Callback):
                 index += len(records)
         self.restored = {**meta, "process_count": writers}
         self.batches_per_epoch = list(meta.get("batches_per_epoch", []))
+        self._epoch_logs = dict(meta.get("epoch_logs") or {})
         # The data goes on at the next batch; fit's loop passes the epoch's finished steps
         # without running them (and without reading data).
         self._consumed, self._resumed_batch = meta["consumed"], meta["batch"]
+        self.last_saved = meta["consumed"]
         skip = meta["batch"] // meta.get("steps_per_execution", 1)
         set_initial_epoch(self.model, meta["epoch"])
         if skip:
             self._skipped = SkippedSteps(self.model, skip)
+        if self._engine.is_chief:
+            print(f"[tfdist] resuming from the backup of step {meta['consumed']} (epoch "
+                  f"{meta['epoch'] + 1}, step {meta['batch']} of it done) in {owner}",
+                  file=sys.stderr, flush=True)
 
 
 def merged(copies: np.ndarray) -> np.ndarray:
@@ -366,3 +527,102 @@ def merged(copies: np.ndarray) -> np.ndarray:
     if all(np.array_equal(copies[0], c) for c in copies[1:]) or copies.dtype.kind not in "fc":
         return copies[0]
     return copies.mean(axis=0).astype(copies.dtype)
+
+
+def check_signals(signals) -> tuple[int, ...]:
+    """Signal names ("SIGTERM", "TERM") or numbers -> numbers, refusing ones that cannot be
+    caught."""
+    if isinstance(signals, (str, int)):
+        signals = (signals,)
+    if not isinstance(signals, (list, tuple)):
+        raise ValueError(f"`preemption_signals` must be a list of signal names or numbers, e.g. "
+                         f"['SIGTERM', 'SIGUSR1']. Received: {signals!r}")
+    numbers = []
+    for item in signals:
+        try:
+            if isinstance(item, str):
+                name = item.upper()
+                number = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+            elif isinstance(item, int) and not isinstance(item, bool):
+                number = signal.Signals(item)
+            else:
+                raise KeyError(item)
+        except (KeyError, ValueError):
+            raise ValueError(f"`preemption_signals`: {item!r} is not a signal; use names such as "
+                             "'SIGTERM' or 'SIGUSR1'") from None
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"`preemption_signals`: {number.name} cannot be caught; use "
+                             "SIGTERM, SIGUSR1 or another catchable signal")
+        numbers.append(int(number))
+    return tuple(dict.fromkeys(numbers))
+
+
+REMOVING = ".removing"
+
+
+class BackupMismatch(ValueError):
+    """A backup was written by another job (`BackupAndRestore(job=...)` differs)."""
+
+
+def _differences(saved: dict | None, now: dict | None) -> list[str]:
+    """'key: backup X, now Y' for each value of `job` that differs (none if either is None)."""
+    if saved is None or now is None:
+        return []
+    return [f"{key} was {saved.get(key, '(unset)')!r} and is now {now.get(key, '(unset)')!r}"
+            for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
+
+
+def _remove(path: str) -> None:
+    """Deletes a folder so that a kill midway leaves a `.removing` folder, never half a
+    backup (the next start clears it)."""
+    if not os.path.isdir(path):
+        return
+    doomed = path + REMOVING
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _digest(path: str) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _manifest(folder: str) -> dict[str, list]:
+    """{relative path: [size, sha256]} of every file under `folder` but meta.json."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, folder)
+            if relative != META:
+                files[relative] = [os.path.getsize(path), _digest(path)]
+    return files
+
+
+def _check(folder: str) -> str | None:
+    """What is wrong with the backup in `folder`, or None if its files match its manifest."""
+    try:
+        with open(os.path.join(folder, META)) as f:
+            meta = json.load(f)
+        files = meta.get("files")
+        for key in ("consumed", "epoch", "batch", "groups", "process_count"):
+            meta[key]  # noqa: B018 (a KeyError is the answer)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{META} unreadable: {type(e).__name__}"
+    if files is None:
+        return None  # written before manifests existed
+    for relative, (size, digest) in files.items():
+        path = os.path.join(folder, relative)
+        try:
+            actual = os.path.getsize(path)
+        except OSError:
+            return f"{relative} missing"
+        if actual != size:
+            return f"{relative} has {actual} bytes, {size} were written"
+        if _digest(path) != digest:
+            return f"{relative} does not match its checksum"
+    return None

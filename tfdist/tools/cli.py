@@ -180,8 +180,9 @@ def _print_summary(s: dict) -> None:
     print()
     print(f"engine            {s['engine']} ({s['world_size']} workers/replicas)")
     print(f"test accuracy     {s['test_accuracy']:.4f} on {s['test_examples']} held-out examples")
-    print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
-          f"{s['final_train_accuracy']:.4f}, last epoch)")
+    if s["final_train_loss"] is not None:
+        print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
+              f"{s['final_train_accuracy']:.4f}, last epoch)")
     comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
     if s.get("auto"):
         picked = s["auto"]["choice"] or "still measuring when training ended"

@@ -12,6 +12,7 @@ import copy
 import difflib
 import math
 import re
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,13 @@ def _choice(choices: tuple, default) -> Field:
 def _positive_ints(v, most: int = 2**20, length: int = 64) -> bool:
     return isinstance(v, list) and 0 < len(v) <= length and all(
         isinstance(i, int) and not isinstance(i, bool) and 0 < i <= most for i in v)
+
+
+def _signal_names(v) -> bool:
+    """A list of signal names that a process can catch (not SIGKILL or SIGSTOP)."""
+    return isinstance(v, list) and len(v) <= 8 and all(
+        isinstance(n, str) and n in signal.Signals.__members__
+        and n not in ("SIGKILL", "SIGSTOP") for n in v)
 
 
 def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
@@ -196,6 +204,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "checkpoint_steps": _int("an integer >= 1 (steps between backups in "
                                  "train.output_dir/backup; the same command resumes), or null",
                                  lambda v: v >= 1, None, nullable=True, most=10**9),
+        "preemption_signals": Field(
+            ["SIGTERM", "SIGUSR1"], (list,), "a list of catchable signal names, e.g. [SIGTERM, "
+            "SIGUSR1], or [] (with train.checkpoint_steps: on such a signal every worker backs "
+            "up at the step in flight and exits with 76; the same command resumes)",
+            _signal_names),
         "resize_policy": _choice((None, "throughput"), None),
         "resize_every": _int("an integer >= 1 (steps measured at each size)", lambda v: v >= 1,
                              50, most=10**9),

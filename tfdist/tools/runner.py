@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ from tfdist import compression
 from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
     BackupAndRestore,
+    BackupMismatch,
     CommunicationStats,
     ElasticJoin,
     ElasticResize,
@@ -154,6 +156,30 @@ def run_directory(config: dict[str, Any]) -> Path:
     return path
 
 
+def clear_finished_backups(config: dict[str, Any]) -> None:
+    """Removes backups left in `train.output_dir/backup` by a run that finished (stopped after
+    its summary was written, before its backups were removed): they must not resume the next
+    run. Called by the chief before anything else reads them."""
+    if not config["train"]["checkpoint_steps"]:
+        return
+    directory = Path(config["train"]["output_dir"]) / BACKUP
+    try:
+        finished = Path((directory / RUN_FILE).read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return
+    if not (finished / SUMMARY).exists():
+        return
+    print(f"[tfdist] removing the backups left by the finished run {finished}", file=sys.stderr,
+          flush=True)
+    for path in directory.glob("process-*"):
+        if path.is_dir():
+            doomed = path.with_name(path.name + ".removing")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+    (directory / RUN_FILE).unlink(missing_ok=True)
+
+
 def backed_up_run(config: dict[str, Any]) -> Path | None:
     """The unfinished run whose backups `train.output_dir/backup` holds, if any (and if
     `train.checkpoint_steps` is set)."""
@@ -186,14 +212,23 @@ class RunFiles:
             (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
 
     def save_model(self, model: keras.Model) -> Path:
-        """Every process saves (a multi-process save may gather); the chief's file is kept."""
+        """Every process saves (a multi-process save may gather); the chief's file is kept.
+        Written whole or not at all (a temporary name, then renamed)."""
         target = self.root / MODEL
-        model.save(target)
+        partial = target.with_name(f".partial-{MODEL}")
+        model.save(partial)
+        os.replace(partial, target)
         return target
 
     def finish(self, summary: dict[str, Any]) -> None:
+        """Writes summary.json (whole or not at all): from then on the run is finished."""
         if self.chief:
-            (self.path / SUMMARY).write_text(json.dumps(summary, indent=2))
+            partial = self.path / f".partial-{SUMMARY}"
+            with open(partial, "w") as f:
+                f.write(json.dumps(summary, indent=2))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, self.path / SUMMARY)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -469,6 +504,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     job = make_job(config)
     if isinstance(job.engine, ParameterServerEngine) and job.engine.cluster.is_ps:
         return _serve(config, job)
+    if job.is_chief:
+        clear_finished_backups(config)
     run_dir = run_directory(config)
     files = RunFiles(run_dir, job.is_chief)
     keras.utils.set_random_seed(config["train"]["seed"])
@@ -569,8 +606,16 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     if job.is_chief:
         callbacks.append(ScalarLog(str(run_dir / TENSORBOARD)))
 
-    history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
-                        verbose=_verbosity(config, job, progress), callbacks=callbacks)
+    try:
+        history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
+                            verbose=_verbosity(config, job, progress), callbacks=callbacks)
+    except BackupMismatch as e:
+        raise ConfigError(f"{e} (train.output_dir holds the backups)") from None
+    _fault_point("trained")
+    # The last epoch's logs; a run resumed at its end trains nothing: the backup's.
+    last_logs = ({k: v[-1] for k, v in history.history.items() if v} or
+                 (dict(backup.restored.get("epoch_logs") or {})
+                  if backup is not None and backup.restored else {}))
     train_seconds = time.time() - started
 
     if job.name == "hogwild" and job.is_chief:
@@ -595,14 +640,15 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     if isinstance(model, ShardedModel):  # model.keras holds the unsharded model (no optimizer)
         model = model.load_into(make_model(config, data))
     model_path = files.save_model(model) if config["train"]["save_model"] else None
+    _fault_point("saved_model")
     summary = {
         "engine": job.name,
         "world_size": job.world_size,
         "run_dir": str(run_dir),
         "test_accuracy": test_accuracy,
         "test_examples": _test_examples(data),
-        "final_train_loss": float(history.history["loss"][-1]),
-        "final_train_accuracy": float(history.history["accuracy"][-1]),
+        "final_train_loss": last_logs.get("loss"),
+        "final_train_accuracy": last_logs.get("accuracy"),
         "steps": total_steps,
         "parameters": params,
         "bytes_sent_total": bytes_sent,
@@ -643,7 +689,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                      "keras": keras.__version__, "python": platform.python_version()},
         "config": config,
     }
-    files.finish(summary)
+    files.finish(summary)  # the run's results are safe: now its backups may go
+    _fault_point("finished")
+    if backup is not None:
+        backup.remove()
     if config["train"]["checkpoint_steps"] and job.is_chief:
         (backup_dir := Path(config["train"]["output_dir"]) / BACKUP).joinpath(
             RUN_FILE).unlink(missing_ok=True)
@@ -710,8 +759,33 @@ def _backup(config: dict[str, Any], run_dir: Path, job: Job):
         return None, 0
     # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
     backup = BackupAndRestore(directory, save_freq=every,
-                              elastic=os.environ.get("TFDIST_ELASTIC") == "1")
+                              elastic=os.environ.get("TFDIST_ELASTIC") == "1",
+                              delete_checkpoint=False,  # `train` removes them when done
+                              job=job_identity(config),
+                              preemption_signals=config["train"]["preemption_signals"])
     return backup, backup.data_start
+
+
+def _fault_point(point: str) -> None:
+    """Fault injection for the tests of the end of a run: TFDIST_KILL_AT=<point> SIGKILLs
+    this process there ("trained", "saved_model", "finished")."""
+    if os.environ.get("TFDIST_KILL_AT") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Config keys a resumed run may change: they decide neither the data order nor the state.
+CARRIED_OVER = frozenset({
+    "train.epochs", "train.verbose", "train.evaluate_each_epoch", "train.save_model",
+    "train.checkpoint_steps", "train.preemption_signals", "train.output_dir", "train.run_name",
+    "train.resize_policy", "train.resize_every", "engine.devices", "engine.timeout_seconds",
+    "engine.step_logs"})
+
+
+def job_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The config values a backup belongs to (every key but `CARRIED_OVER`; the number of
+    workers and replicas is checked by the backup itself)."""
+    return {f"{section}.{key}": value for section, values in config.items()
+            for key, value in values.items() if f"{section}.{key}" not in CARRIED_OVER}
 
 
 def _test_examples(data: Data) -> int:

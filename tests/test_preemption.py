@@ -1,0 +1,120 @@
+"""Preemption notices on a multi-worker job: a SIGTERM (or SIGUSR1) to any worker, or to the
+launcher, makes every worker back up at the same step and exit with PREEMPTED_EXIT; the same
+command again resumes there and ends with the weights of a run never stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, worker_env
+from tests.test_resume import _pid_of_worker
+from tfdist.tools import launch
+
+pytestmark = pytest.mark.multiprocess
+
+# 6 epochs of 12 steps of about 30 ms: the notice lands mid-training; no periodic backup is due
+# (train.checkpoint_steps 1000), so the backup found afterwards is the notice's.
+JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
+       "--set", "train.epochs=6", "--set", "train.steps_per_epoch=12",
+       "--set", "train.checkpoint_steps=1000", "--set", "data.global_batch_size=32"]
+ALGORITHMS = {
+    "dense": [],
+    "local_sgd": ["--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0.9",
+                  "--set", "optimizer.learning_rate=0.05", "--set", "averaging.period=3"],
+    "powersgd": ["--set", "compression.name=powersgd", "--set", "compression.options={rank: 2}",
+                 "--set", "compression.min_size=64"],
+    "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
+}
+
+
+def _command(out, name):
+    return [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--timeout", "400", "--",
+            sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *ALGORITHMS[name],
+            "--set", f"train.output_dir={out}"]
+
+
+def _final(out):
+    (summary,) = out.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Each algorithm's job on 2 workers, never stopped: name -> (summary, weights)."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    runs = {}
+    for name in ALGORITHMS:
+        out = tmp_path_factory.mktemp(f"straight-{name}")
+        done = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
+                              env=worker_env(), timeout=450)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = _final(out)
+    return runs
+
+
+def _preempt(out, name, target):
+    """Starts the job; once epoch 2 runs, sends SIGTERM to `target` ("worker 0", "worker 1" or
+    "launcher"); returns (launcher exit code, its stderr, seconds from the notice to the end)."""
+    launcher = subprocess.Popen(_command(out, name), cwd=ROOT, env=worker_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        assert launcher.stdout is not None
+        deadline = time.monotonic() + 300
+        for line in launcher.stdout:  # the chief's line per epoch, through the launcher
+            if "Epoch 2/6" in line:
+                break
+            assert time.monotonic() < deadline, "epoch 2 did not start in time"
+        else:
+            pytest.fail(f"the job ended before epoch 2: {launcher.communicate()[1][-3000:]}")
+        pid = (launcher.pid if target == "launcher" else
+               _pid_of_worker(str(out), int(target.split()[1])))
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        noticed = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        return launcher.returncode, err, time.monotonic() - noticed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("name, target", [("dense", "worker 1"), ("local_sgd", "launcher"),
+                                          ("powersgd", "worker 1"), ("zero2", "worker 0")])
+def test_a_notice_to_one_worker_backs_up_every_worker_at_one_step_and_the_rerun_is_exact(
+        tmp_path, straight, name, target):
+    out = tmp_path / "preempted"
+    code, err, seconds = _preempt(out, name, target)
+    assert code == launch.PREEMPTED_EXIT, err[-3000:]
+    assert "[launch] preempted: every worker backed up at the same step and exited with 76" \
+        in err, err[-3000:]
+    assert seconds < launch.PREEMPTION_GRACE
+    steps = [sorted(p.name for p in (out / "backup" / f"process-{i}").iterdir()) for i in (0, 1)]
+    assert steps[0] == steps[1] and len(steps[0]) == 1, steps  # one backup: the notice's
+    step = int(steps[0][0].removeprefix("step-"))
+    assert 12 <= step < 72
+
+    again = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
+                           env=worker_env(), timeout=450)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary, weights = _final(out)
+    reference_summary, reference = straight[name]
+    assert summary["resumed_from_step"] == step
+    # Every epoch trained on its 12 steps' examples once, across the two runs.
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    assert len(set(summary["examples_per_epoch"])) == 1 and len(summary["examples_per_epoch"]) == 6
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    assert not (out / "backup").exists()

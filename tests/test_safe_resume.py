@@ -1,0 +1,159 @@
+"""Resumes that cannot lose work or go wrong, through `tfdist train`: a backup knows the job it
+belongs to, a damaged newest backup gives way to the one before, and a kill at any point of the
+end of a run leaves a state the same command finishes from without retraining."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, worker_env
+
+# 2 epochs of 9 steps on 2 logical devices; a backup every 4 steps (kept: the newest 2).
+JOB = ["--set", "model.name=mlp", "--set", "model.hidden=[32]", "--set", "train.epochs=2",
+       "--set", "train.steps_per_epoch=9", "--set", "train.checkpoint_steps=4",
+       "--set", "data.global_batch_size=32", "--set", "optimizer.name=adam"]
+STEPS = 18
+
+
+def _command(out, *extra):
+    return [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *extra,
+            "--set", f"train.output_dir={out}"]
+
+
+def _train(out, *extra, env=None, timeout=300):
+    return subprocess.run(_command(out, *extra), capture_output=True, text=True, cwd=ROOT,
+                          env=env or worker_env(), timeout=timeout)
+
+
+def _finished(out: Path):
+    """(summary, weights) of the one finished run in `out`."""
+    (summary,) = out.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+def _same_weights(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+
+
+def _stopped_after_backup(out: Path, step: int, *extra, timeout=240) -> None:
+    """Runs the job and SIGKILLs it once the backup of `step` is complete."""
+    proc = subprocess.Popen(_command(out, *extra), cwd=ROOT, env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    done = out / "backup" / "process-0" / f"step-{step}" / "meta.json"
+    deadline = time.monotonic() + timeout
+    try:
+        while not done.exists():
+            assert proc.poll() is None, "the run ended before the backup"
+            assert time.monotonic() < deadline, "no backup in time"
+            time.sleep(0.005)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    done = _train(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _finished(out)
+
+
+def test_a_changed_job_is_refused_and_a_longer_run_is_carried_over(tmp_path, straight):
+    out = tmp_path / "run"
+    _stopped_after_backup(out, 8)
+    for change, named in ((["--set", "data.global_batch_size=64"],
+                           "data.global_batch_size was 32 and is now 64"),
+                          (["--set", "data.seed=7", "--set", "optimizer.name=sgd"],
+                           "data.seed was 0 and is now 7; optimizer.name was 'adam' and is now "
+                           "'sgd'")):
+        refused = _train(out, *change)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert named in refused.stderr
+        assert "Run with the backup's values to resume it, or back up to another directory" \
+            in refused.stderr
+        assert "Traceback" not in refused.stderr
+    # More epochs decide neither the data order nor the state: resumed, then trained on.
+    longer = _train(out, "--set", "train.epochs=3")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "[tfdist] resuming from the backup of step 8 (epoch 1, step 8 of it done)" in \
+        longer.stderr
+    summary, _ = _finished(out)
+    assert summary["resumed_from_step"] == 8
+    assert summary["examples_per_epoch"] == [9 * 32] * 3
+
+
+def test_a_damaged_newest_backup_gives_way_to_the_one_before(tmp_path, straight):
+    out = tmp_path / "run"
+    _stopped_after_backup(out, 8)
+    newest = out / "backup" / "process-0" / "step-8"
+    largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = largest.read_bytes()
+    largest.write_bytes(data[:len(data) // 2])
+    done = _train(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[tfdist] the backup of step 8 is damaged (" in done.stderr
+    assert "using the newest intact backup" in done.stderr
+    summary, weights = _finished(out)
+    assert summary["resumed_from_step"] == 4
+    assert summary["examples_per_epoch"] == straight[0]["examples_per_epoch"]
+    _same_weights(straight[1], weights)
+    assert not (out / "backup").exists()
+
+
+def test_leftovers_of_a_kill_while_saving_or_removing_are_cleared(tmp_path, straight):
+    out = tmp_path / "run"
+    _stopped_after_backup(out, 8)
+    process = out / "backup" / "process-0"
+    (process / "step-12.partial").mkdir()  # killed while writing a backup
+    (process / "step-0.removing").mkdir()  # killed while pruning one
+    done = _train(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, weights = _finished(out)
+    assert summary["resumed_from_step"] == 8
+    _same_weights(straight[1], weights)
+    assert not (out / "backup").exists()
+
+
+@pytest.mark.parametrize("point", ["trained", "saved_model", "finished"])
+def test_a_kill_at_the_end_of_a_run_loses_nothing_and_retrains_nothing(tmp_path, straight,
+                                                                       point):
+    """SIGKILL after the last step, after model.keras, after summary.json: the same command
+    then finishes the run (resumed at its last step, nothing trained again) or, once the run
+    was finished, starts a new one from step 0 that no leftover backup leaks into."""
+    out = tmp_path / "run"
+    killed = _train(out, env={**worker_env(), "TFDIST_KILL_AT": point})
+    assert killed.returncode == -signal.SIGKILL
+    again = _train(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summaries = sorted(out.glob("*/summary.json"))
+    if point == "finished":  # the first run was complete: the second is a run of its own
+        assert len(summaries) == 2
+        assert "[tfdist] removing the backups left by the finished run" in again.stderr
+        for path in summaries:
+            summary = json.loads(path.read_text())
+            assert summary["resumed_from_step"] is None
+            model = keras.saving.load_model(path.parent / "model.keras", compile=False)
+            _same_weights(straight[1], model.get_weights())
+    else:
+        summary, weights = _finished(out)
+        assert summary["resumed_from_step"] == STEPS  # resumed at the end: nothing retrained
+        assert summary["examples_per_epoch"] == straight[0]["examples_per_epoch"]
+        assert summary["final_train_loss"] == pytest.approx(straight[0]["final_train_loss"])
+        _same_weights(straight[1], weights)
+    assert not (out / "backup").exists()

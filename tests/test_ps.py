@@ -23,8 +23,11 @@ import tensorflow as tf
 import tfdist
 from tests.conftest import ROOT, worker_env
 from tfdist.ps import Cluster, ParameterServer, ParameterServerOptimizer, assign_shards
+from tfdist.security import SECRET_ENV, SECRET_FILE_ENV, Verifier, job_secret, sign
 from tfdist.tools.config import ConfigError, load_config
 from tfdist.tools.launch import cluster_config, free_ports
+
+SECRET = "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6"  # the tests' job secret
 
 
 # -- the cluster ---------------------------------------------------------------------------------
@@ -362,10 +365,10 @@ def test_one_worker_on_a_server_equals_plain_keras(compressor):
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, "-m", "tests.workers.ps_server", str(port),
                                str(compressor)],
-                              cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              cwd=ROOT, env={**worker_env(), SECRET_ENV: SECRET},
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0)
+        cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0, SECRET.encode())
         model = _model(seed=9)  # other initial weights: the worker starts from the server's
         optimizer = ParameterServerOptimizer(LEARNING_RATE, cluster=cluster,
                                              compressor=compressor, min_compress_size=0)
@@ -393,7 +396,7 @@ def test_one_worker_on_a_server_equals_plain_keras(compressor):
 
 def test_a_worker_with_no_server_says_where_it_looked():
     (port,) = free_ports(1)
-    cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0)
+    cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0, SECRET.encode())
     model = _model()
     model.compile(optimizer=ParameterServerOptimizer(0.05, cluster=cluster, connect_timeout=1.0),
                   loss="mse", jit_compile=False)
@@ -614,3 +617,113 @@ def test_the_ps_engine_has_no_collectives_between_workers():
     assert tfdist.comm.ENGINES["parameter_server"] is tfdist.ps.ParameterServerEngine
     with pytest.raises(NotImplementedError, match="no collectives"):
         engine.communicator()
+
+
+# -- the job's secret ---------------------------------------------------------------------------
+_CALLER = """
+import sys, tensorflow as tf
+from tfdist.security import sign
+port, secret, replay = sys.argv[1], sys.argv[2].encode(), sys.argv[3] == "replay"
+client = tf.distribute.experimental.rpc.Client.create("grpc", f"127.0.0.1:{port}", name="c",
+                                                      timeout_in_ms=5000)
+scalar = tf.TensorSpec([], tf.int64)
+def call(method, args, specs, token):
+    status = client.call(method, [tf.constant(token), *args], output_specs=specs,
+                         timeout_in_ms=5000)
+    return "ok" if status.is_ok() else "refused"
+w = tf.constant(0, tf.int64)
+grad = [tf.ones([4], tf.float32)]
+for name, token in (("none", "no-token"), ("forged", sign(b"not-the-job-secret-0123", "push", 0)),
+                    ("right", sign(secret, "push", 0))):
+    print(name, call("push", [w, w, tf.constant(1.0), *grad], scalar, token), flush=True)
+    if replay and name == "right":
+        print("replayed", call("push", [w, w, tf.constant(1.0), *grad], scalar, token), flush=True)
+print("finish", call("finish", [w], scalar, "no-token"), flush=True)
+print("release", call("release", [], scalar, sign(b"not-the-job-secret-0123", "release", -1)),
+      flush=True)
+"""
+
+
+def test_a_call_without_the_jobs_secret_is_refused_and_changes_nothing():
+    """A parameter server bound to 127.0.0.1: a push with no token, a forged token, a replayed
+    token, a finish and a release without proof are refused (the weights, version, pushes,
+    finished workers and the release flag unchanged); the push with the right token is taken."""
+    variable = keras.Variable(np.zeros(4, np.float32))
+    server = ParameterServer([variable], keras.optimizers.SGD(1.0), 1, staleness=None)
+    (port,) = free_ports(1)
+    server.start(f"127.0.0.1:{port}", SECRET)
+    caller = subprocess.run([sys.executable, "-c", _CALLER, str(port), SECRET, "replay"],
+                            capture_output=True, text=True, cwd=ROOT, env=worker_env(),
+                            timeout=120)
+    answers = dict(line.split() for line in caller.stdout.splitlines())
+    assert answers == {"none": "refused", "forged": "refused", "right": "ok",
+                       "replayed": "refused", "finish": "refused", "release": "refused"}, \
+        caller.stderr[-2000:]
+    assert server.version == server.pushes == 1  # the one authentic push
+    np.testing.assert_allclose(server.values()[0], -np.ones(4))
+    assert not server._finished and not server._released
+    assert server.verifier.refused == 5
+
+
+def test_the_secret_is_required_read_safely_and_checked_in_constant_form(tmp_path):
+    variable = keras.Variable(np.zeros(4, np.float32))
+    server = ParameterServer([variable], keras.optimizers.SGD(1.0), 1)
+    with pytest.raises(ValueError, match=f"Parameter server 0 needs the job's secret.*{SECRET_ENV}"):
+        server.start("127.0.0.1:1", None)
+    assert job_secret({}) is None
+    assert job_secret({SECRET_ENV: SECRET}) == SECRET.encode()
+    with pytest.raises(ValueError, match="at least 16 random"):
+        job_secret({SECRET_ENV: "short"})
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="readable by others.*chmod 600"):
+        job_secret({SECRET_FILE_ENV: str(path)})
+    path.chmod(0o600)
+    assert job_secret({SECRET_FILE_ENV: str(path)}) == SECRET.encode()
+    verifier = Verifier(SECRET.encode())
+    token = sign(SECRET.encode(), "pull", 3)
+    assert not verifier.check(token, "pull", 2)  # another worker's
+    assert not verifier.check(token, "push", 3)  # another method's
+    assert verifier.check(token, "pull", 3) and not verifier.check(token, "pull", 3)
+    stale = sign(SECRET.encode(), "pull", 3).replace(str(int(time.time())), "1000000000", 1)
+    assert not verifier.check(stale, "pull", 3)
+
+
+def test_a_parameter_server_job_binds_its_tf_config_address_and_never_every_interface(tmp_path):
+    """`python -m tfdist.launch --ps 1 --workers 2`: while the job runs, the ps task's port
+    listens on 127.0.0.1 (its TF_CONFIG address), not on 0.0.0.0 or [::]; the secret the
+    launcher made is in no process's command line."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.launch", "--ps", "1", "--workers", "2", "--timeout", "300",
+         "--", sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+         "engine.name=parameter_server", "--set", "model.name=tests.workers.slow_model:build",
+         "--set", "train.epochs=2", "--set", "train.steps_per_epoch=20",
+         "--set", f"train.output_dir={out}"],
+        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    listening = None
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            found = re.search(r"parameter server 0: serving .* at (\S+):(\d+),", line)
+            if found:
+                port = found.group(2)
+                ss = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+                listening = [row.split()[3] for row in ss.splitlines()
+                             if row.split()[3].rsplit(":", 1)[-1] == port]
+                cmdlines = []
+                for pid in filter(str.isdigit, os.listdir("/proc")):
+                    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmdlines.append(f.read())
+                break
+        rest, _ = launcher.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, rest[-3000:]
+    # gRPC binds an IPv6 socket to the IPv4-mapped address: the same single address.
+    assert [a.replace("[::ffff:127.0.0.1]", "127.0.0.1") for a in listening] == \
+        [f"127.0.0.1:{port}"], listening
+    assert not any(b"TFDIST_JOB_SECRET" in c for c in cmdlines)

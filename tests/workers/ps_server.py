@@ -11,10 +11,11 @@ import keras
 from tests.test_ps import LEARNING_RATE, _model
 from tfdist import compression
 from tfdist.ps import ParameterServer
+from tfdist.security import job_secret
 
 if __name__ == "__main__":
     port = int(sys.argv[1])
     name = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "None" else None
     server = ParameterServer(_model().trainable_variables, keras.optimizers.Adam(LEARNING_RATE), 1,
                              compressor=compression.get(name), min_compress_size=0)
-    print(json.dumps(server.serve(f"127.0.0.1:{port}")), flush=True)
+    print(json.dumps(server.serve(f"127.0.0.1:{port}", job_secret())), flush=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
+
+from tfdist.security import job_secret
 
 LAUNCH_HINT = ("start the tasks with `python -m tfdist.launch --ps 1 --workers 2 -- ...`, or set "
                'TF_CONFIG, e.g. {"cluster": {"ps": ["host:port"], "worker": ["host:port", ...]}, '
@@ -31,16 +33,20 @@ class Cluster:
             the "worker" tasks in order.
         task_type: "ps" or "worker" (a chief is worker 0).
         task_index: The index among the parameter servers, or the worker index.
+        secret: The job's secret (`tfdist.security`): every RPC to a parameter server
+            carries proof of it. `from_tf_config` reads it from the environment.
     """
 
     ps: tuple[str, ...]
     workers: tuple[str, ...]
     task_type: str
     task_index: int
+    secret: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_tf_config(cls, text: str | None = None) -> Cluster:
-        """The cluster in `text` (default: the TF_CONFIG environment variable).
+        """The cluster in `text` (default: the TF_CONFIG environment variable), with the job's
+        secret from the environment (`tfdist.security.job_secret`).
 
         Raises:
             ValueError: TF_CONFIG is missing or malformed, has no "ps" or no training task, or
@@ -80,7 +86,7 @@ class Cluster:
                              f"'{task['type']}' task(s).")
         if task["type"] == "worker":
             index += len(chief)
-        return cls(ps, workers, task_type, index)
+        return cls(ps, workers, task_type, index, job_secret())
 
     @property
     def is_ps(self) -> bool:

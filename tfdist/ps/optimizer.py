@@ -26,6 +26,7 @@ from tfdist.optimizers.parts import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
 from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
 from tfdist.ps.server import STATS_LEN, staleness_report
+from tfdist.security import require_secret, sign
 
 SCALAR = tf.TensorSpec([], tf.int64)
 
@@ -149,6 +150,8 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                              for p in range(len(self.cluster.ps))]
             self._counters = {key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
                               for key in ("bytes_pushed", "bytes_pulled", "pushes", "calls")}
+            self._secret = require_secret(self.cluster.secret,
+                                          f"Parameter-server worker {self.cluster.task_index}")
             self._clients = [connect(address, f"tfdist_ps{p}", self.connect_timeout)
                              for p, address in enumerate(self.cluster.ps)]
             self._pull(var_list)  # start from the servers' weights
@@ -203,7 +206,10 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
 
     # -- the RPCs --------------------------------------------------------------------------------
     def _call(self, p: int, method: str, args: list, specs):
-        status = self._clients[p].call(method, args, output_specs=specs,
+        secret, worker = self._secret, self.worker if args else -1
+        token = tf.py_function(lambda: sign(secret, method, worker), [], tf.string)
+        token.set_shape([])
+        status = self._clients[p].call(method, [token, *args], output_specs=specs,
                                        timeout_in_ms=int(1000 * self.call_timeout))
         ok = status.is_ok()
         _, message = status.get_error()

@@ -59,6 +59,7 @@ from tfdist.compression import Compressor
 from tfdist.ps import checkpoint
 from tfdist.ps.cluster import Cluster, nbytes, shard_of
 from tfdist.ps.codec import MIN_SIZE, codecs_for, decode, push_specs
+from tfdist.security import Verifier, require_secret
 
 BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
 STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
@@ -146,6 +147,7 @@ class ParameterServer:
         self._histogram = np.zeros(BUCKETS, np.int64)
         self._released = False
         self._server = None
+        self.verifier: Verifier | None = None  # set by `start`
         self.checkpoint_dir = None if checkpoint_dir is None else str(checkpoint_dir)
         self.checkpoint_every = (None if checkpoint_dir is None else
                                  check_int("checkpoint_every", checkpoint_every, 1))
@@ -351,8 +353,11 @@ class ParameterServer:
         self._histogram[min(max(stale, 0), BUCKETS - 1)] += 1
 
     # -- serving -----------------------------------------------------------------------------
-    def start(self, address: str) -> None:
-        """Starts serving at `address` ("host:port") on TensorFlow's gRPC RPC server."""
+    def start(self, address: str, secret: bytes | str | None) -> None:
+        """Starts serving at `address` ("host:port", the address bound) on TensorFlow's gRPC
+        RPC server. Every call must carry a token proving `secret` (`tfdist.security`): one
+        that does not is refused before it reaches the server's state."""
+        verifier = Verifier(require_secret(secret, f"Parameter server {self.index}"))
         server = tf.distribute.experimental.rpc.Server.create("grpc", address)
         scalar = tf.TensorSpec([], tf.int64)
         worker = [scalar]
@@ -371,18 +376,37 @@ class ParameterServer:
             "release": (self.release, [], scalar),
         }
         for name, (handler, inputs, outputs) in methods.items():
-            server.register(name, _rpc_function(handler, inputs, outputs))
+            server.register(name, _rpc_function(self._guarded(name, handler, verifier),
+                                                [tf.TensorSpec([], tf.string), *inputs],
+                                                outputs))
         server.start()
         self._server = server
+        self.verifier = verifier
 
-    def serve(self, address: str, poll_seconds: float = 0.2) -> dict:
+    def _guarded(self, method: str, handler, verifier: Verifier):
+        """`handler` behind the check of its token (the first argument)."""
+
+        def guarded(token, *args):
+            worker = int(args[0]) if args else -1
+            if not verifier.check(token, method, worker):
+                if verifier.refused in (1, 10, 100, 1000) or verifier.refused % 10000 == 0:
+                    print(f"parameter server {self.index}: refused a {method} call without "
+                          f"proof of the job's secret ({verifier.refused} refused so far)",
+                          flush=True)
+                raise PermissionError(f"{method}: refused (no proof of the job's secret)")
+            return handler(*args)
+
+        return guarded
+
+    def serve(self, address: str, secret: bytes | str | None,
+              poll_seconds: float = 0.2) -> dict:
         """Serves at `address` until every worker has finished or is lost (and the chief has
         pulled the final weights, or `RELEASE_GRACE_SECONDS` passed); returns `report()`.
 
         Raises:
             RuntimeError: every worker was lost before finishing.
         """
-        self.start(address)
+        self.start(address, secret)
         size = sum(nbytes(v) for v in self.variables)
         rule = {0: "synchronous", None: "asynchronous"}.get(
             self.staleness, f"bounded staleness {self.staleness}")
@@ -502,5 +526,5 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         step = checkpoint.common_step(str(checkpoint_dir), len(cluster.ps))
         if step is not None:
             server.restore(step)
-    port = cluster.ps[cluster.task_index].rsplit(":", 1)[-1]
-    return server.serve(f"0.0.0.0:{port}")
+    # The address TF_CONFIG gives this task, and no other: not every interface of the host.
+    return server.serve(cluster.ps[cluster.task_index], cluster.secret)

@@ -13,6 +13,16 @@ the machine's own network namespace and only addresses inside these namespaces a
 host's link is shaped in both directions by a token-bucket filter (`tbf`) at `bandwidth`; a
 `delay` needs the kernel's `netem` qdisc (checked before anything is created).
 
+Hosts that share nothing but the network: each host has its own mount and UTS namespaces, held
+by a process started with the cluster: a private /tmp, home directory and /dev/shm (empty
+tmpfs), a working directory of its own (`~/work`), the hostname `host<i>`, and the installed
+software (this Python, the virtual environment, the checkout tfdist runs from) visible
+read-only, as a container image or an NFS install would be. Every process started on host i
+(`command(i, ...)`) enters those namespaces, so processes on one host share its files and
+processes on different hosts share none. Storage that every host sees exists only where the job
+asks for it: `shared=[paths]` (standing for NFS or a bucket) keeps those directories visible,
+read-write, on every host.
+
 A straggler: `slow_host=i, cpu_share=c` runs everything started on host i in a cgroup (v1 `cpu`
 controller) whose CFS quota is `c` cores (`c` x a 10 ms period), so host i computes slower while
 the others share the rest of the machine.
@@ -30,6 +40,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -122,10 +133,18 @@ class EmulatedCluster:
         delay: One-way added latency per link, e.g. "5ms" (needs netem), or None.
         slow_host: A host whose processes run under a CPU quota (a straggler), or None.
         cpu_share: The straggler's quota in cores, in (0, this machine's cores].
+        shared: Existing directories every host sees, read-write (the job's shared storage);
+            nothing else is shared between hosts.
     """
 
     def __init__(self, hosts: int, bandwidth: str = "1gbit", delay: str | None = None,
-                 slow_host: int | None = None, cpu_share: float | None = None):
+                 slow_host: int | None = None, cpu_share: float | None = None,
+                 shared: Sequence[str | os.PathLike] = ()):
+        self.shared = [os.path.realpath(p) for p in shared]
+        for path in self.shared:
+            if not os.path.isdir(path):
+                raise ValueError(f"shared={path!r}: not an existing directory; create it first "
+                                 "(the hosts' shared storage)")
         self.rate = parse_bandwidth(bandwidth)
         self.delay = parse_delay(delay) if delay else 0.0
         if slow_host is not None:  # the arguments first, then what the machine can do
@@ -139,6 +158,7 @@ class EmulatedCluster:
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
         self.cgroup = f"{CGROUP_CPU}/{tag}-slow" if slow_host is not None else None
         self._watchdog: subprocess.Popen | None = None
+        self._holders: list[subprocess.Popen] = []  # one per host: its mount and UTS namespaces
 
     # -- life cycle ----------------------------------------------------------------------------
     def __enter__(self) -> EmulatedCluster:
@@ -174,6 +194,8 @@ class EmulatedCluster:
             _ip("-n", ns, "link", "set", "eth0", "up")
             self._shape(ns, "eth0")  # host -> bridge: the host's upload
             self._shape(br, f"port{i}")  # bridge -> host: its download
+        for i in range(self.hosts):
+            self._hold(i)
         if self.cgroup is not None:
             assert self.cpu_share is not None
             os.makedirs(self.cgroup, exist_ok=True)
@@ -198,9 +220,28 @@ class EmulatedCluster:
         subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso",
                         "off", "gro", "off"], capture_output=True)
 
+    def _hold(self, host: int) -> None:
+        """Starts the process that holds host `host`'s mount and UTS namespaces (inside its
+        network namespace, so the teardown kills it with the rest)."""
+        holder = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[host], "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-c", _host_script(host, self.shared)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._holders.append(holder)
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != "ready":
+            holder.kill()
+            raise RuntimeError(f"emulated host {host}: its private filesystem could not be set "
+                               f"up ({holder.communicate()[1].strip()[-500:]})")
+
     def down(self) -> None:
         """Removes the namespaces (and everything running in them); idempotent."""
         teardown([*self.namespaces, self.bridge_namespace])
+        for holder in self._holders:
+            with contextlib.suppress(OSError):
+                holder.kill()
+            holder.wait()
+        self._holders = []
         if self.cgroup is not None:
             remove_cgroup(self.cgroup)
         if self._watchdog is not None:
@@ -221,8 +262,10 @@ class EmulatedCluster:
 
     # -- running workers -----------------------------------------------------------------------
     def command(self, host: int, argv: Sequence[str]) -> list[str]:
-        """`argv` run on emulated host `host` (in the straggler's cgroup on the slow host)."""
-        command = ["ip", "netns", "exec", self.namespaces[host], *argv]
+        """`argv` run on emulated host `host`: in its network, mount and UTS namespaces and its
+        working directory (in the straggler's cgroup on the slow host)."""
+        command = ["nsenter", "--target", str(self._holders[host].pid), "--net", "--mount",
+                   "--uts", "--wd", "--", *argv]
         if host == self.slow_host:  # joins the cgroup before `ip netns exec` hides /sys's
             command = ["sh", "-c", f'echo $$ > {self.cgroup}/cgroup.procs && exec "$@"', "sh",
                        *command]
@@ -245,9 +288,9 @@ class EmulatedCluster:
         """`argv` (or `argv(host)`) as one TF_CONFIG worker per host, and `ps` parameter servers
         on host 0 (after the workers in the results); stops all if one fails
         (tfdist.tools.launch.run_processes)."""
-        from tfdist.tools.launch import run_processes
+        from tfdist.tools.launch import run_processes, with_secret
 
-        base = dict(os.environ if env is None else env)
+        base = with_secret(dict(os.environ if env is None else env))
         commands = [(self.command(i, argv(i) if callable(argv) else argv),
                      {**base, "TF_CONFIG": self.tf_config(i, ps)}) for i in range(self.hosts)]
         commands += [(self.command(0, argv(0) if callable(argv) else argv),
@@ -300,6 +343,35 @@ class EmulatedCluster:
                                  capture_output=True, text=True, check=True).stdout
             counts.append(int(json.loads(out)[0]["stats64"]["tx"]["bytes"]))
         return counts
+
+
+def _software() -> list[str]:
+    """What a host must see read-only to run tfdist: this Python's installation, the virtual
+    environment and the checkout (or site-packages) tfdist is imported from."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../tfdist
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(package),
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    return sorted({os.path.realpath(p) for p in paths})
+
+
+def _host_script(host: int, shared: Sequence[str]) -> str:
+    """The shell script that sets up host `host`'s filesystem view, then holds it."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    keep = [(p, "ro") for p in _software() if p not in shared] + [(p, "rw") for p in shared]
+    keep.sort(key=lambda item: len(item[0]))  # parents before children
+    lines = ["set -e", f"hostname host{host}", "mount -t tmpfs tfdist-stage /mnt"]
+    for k, (path, mode) in enumerate(keep):  # set aside what stays visible ...
+        lines.append(f"mkdir -p /mnt/{k} && mount --rbind {shlex.quote(path)} /mnt/{k}")
+        if mode == "ro":
+            lines.append(f"mount -o remount,bind,ro /mnt/{k}")
+    for private in ("/tmp", home, "/dev/shm"):  # ... cover what is the host's own ...
+        lines.append(f"mount -t tmpfs tfdist-private {shlex.quote(private)}")
+    for k, (path, _) in enumerate(keep):  # ... and put it back
+        lines.append(f"mkdir -p {shlex.quote(path)} && mount --move /mnt/{k} "
+                     f"{shlex.quote(path)}")
+    lines += ["umount /mnt", f"mkdir -p {shlex.quote(home)}/work",
+              f"cd {shlex.quote(home)}/work", "echo ready", "exec sleep 2147483647"]
+    return "\n".join(lines)
 
 
 # Horovod's rendezvous (what horovodrun serves): argv = hosts "addr:slots,...", number of ranks.
@@ -408,7 +480,51 @@ def _watch(names: list[str]) -> None:
     teardown(names)
 
 
+def holder_of(address: str) -> int | None:
+    """The pid of the process holding the namespaces of the emulated host at `address`."""
+    for ns in namespaces():
+        out = subprocess.run(["ip", "-n", ns, "-j", "addr", "show", "dev", "eth0"],
+                             capture_output=True, text=True).stdout
+        try:
+            found = any(a.get("local") == address for link in json.loads(out or "[]")
+                        for a in link.get("addr_info", []))
+        except ValueError:
+            found = False
+        if not found:
+            continue
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                  text=True).stdout.split():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", b"2147483647"]:
+                    return int(pid)
+    return None
+
+
+def _ssh(words: list[str]) -> int:
+    """`[options] HOST COMMAND...` as ssh takes them: options are ignored (`-o` with its
+    value), COMMAND runs under `sh -c` in the host's namespaces, in its working directory."""
+    words = list(words)
+    while words and words[0].startswith("-"):
+        option = words.pop(0)
+        if option in ("-o", "-p", "-l", "-i", "-F", "-J") and words:
+            words.pop(0)
+    if len(words) < 2:
+        print("usage: python -m tfdist.emulated ssh [options] HOST COMMAND", file=sys.stderr)
+        return 255
+    host, command = words[0], " ".join(words[1:])
+    pid = holder_of(host)
+    if pid is None:
+        print(f"ssh: no emulated host has the address {host}", file=sys.stderr)
+        return 255
+    os.execvp("nsenter", ["nsenter", "--target", str(pid), "--net", "--mount", "--uts",
+                          "--wd", "--", "sh", "-c", command])
+    return 255  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ssh"]:  # ssh's options are not ours: no argparse
+        return _ssh(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tfdist.emulated",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -421,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--all", action="store_true")
     watch = sub.add_parser("_watch")
     watch.add_argument("names", nargs="*")
+    ssh = sub.add_parser("ssh", help="ssh's stand-in for the launcher: `ssh [options] HOST "
+                         "COMMAND` runs COMMAND with sh on the emulated host whose address is "
+                         "HOST (python -m tfdist.launch --ssh 'python -m tfdist.emulated ssh')")
+    ssh.add_argument("words", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "_watch":
         _watch(args.names)

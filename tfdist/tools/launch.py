@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -54,12 +55,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tfdist.security import SECRET_ENV, SECRET_FILE_ENV, new_secret
+
+PREEMPTED_EXIT = 76  # tfdist.callbacks.PREEMPTED_EXIT: backed up after a preemption notice
+PREEMPTION_GRACE = 30.0  # seconds workers get to back up and exit after a notice
 
 
 @dataclass
@@ -146,12 +151,44 @@ def _kill_group(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption notices, passed to workers
+
+
+@contextlib.contextmanager
+def _forwarding(procs: list[subprocess.Popen], noticed: list[float]):
+    """While inside: SIGTERM and SIGUSR1 sent to this launcher go to every worker's process
+    group (a preemption notice: the workers back up and exit), and the time is noted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(number, frame):
+        if not noticed:
+            print(f"[launch] {signal.Signals(number).name} received: passing it to the workers "
+                  "(they back up at the step in flight and exit)", file=sys.stderr, flush=True)
+        noticed.append(time.monotonic())
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, number)
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float,
                   echo: bool = False, stop_on_failure: bool | frozenset[int] = True,
                   on_line: Callable[[int, str], None] | None = None,
                   labels: list[str] | None = None,
                   restartable: frozenset[int] = frozenset(), max_restarts: int = 0,
-                  watch: Callable[[], None] | None = None) -> list[WorkerResult]:
+                  watch: Callable[[], None] | None = None,
+                  grace: float = PREEMPTION_GRACE,
+                  on_start: Callable[[int, subprocess.Popen], None] | None = None,
+                  ) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
     Args:
@@ -166,6 +203,11 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         restartable: Processes started again (the same command) when they fail, at most
             `max_restarts` times in all; their result is their last run's.
         watch: Called about once a second while the processes run.
+        grace: Seconds the processes get to back up and exit after a preemption notice (a
+            SIGTERM or SIGUSR1 to this process, passed on to them, or a process that exits
+            with PREEMPTED_EXIT) before those still running are killed.
+        on_start: Called with (rank, process) for every process started; with it, each
+            process's standard input is a pipe the caller may write to (else /dev/null).
     """
     procs: list[subprocess.Popen] = []
     sinks: list[list[str]] = [[] for _ in commands]
@@ -179,10 +221,13 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         try:
             proc = subprocess.Popen(
                 argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL if on_start is None else subprocess.PIPE,
+                start_new_session=True,
             )
         except (FileNotFoundError, PermissionError) as e:
             raise CommandNotFound(e.errno, f"cannot run {argv[0]!r}: {e.strerror}") from None
+        if on_start is not None:
+            on_start(rank, proc)
         label = labels[rank] if labels else f"worker {rank}"
         t = threading.Thread(target=_pump, args=(proc, rank, sinks[rank], echo, on_line, label),
                              daemon=True)
@@ -190,38 +235,48 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         threads.append(t)
         return proc
 
+    noticed: list[float] = []  # when preemption notices arrived
     try:
-        for rank in range(len(commands)):
-            procs.append(start(rank))
-        deadline = time.monotonic() + timeout
-        failed_at = None
-        critical = (stop_on_failure if isinstance(stop_on_failure, frozenset) else
-                    frozenset(range(len(procs)) if stop_on_failure else ()))
-        watched = time.monotonic()
-        while time.monotonic() < deadline:
-            if watch is not None and time.monotonic() - watched >= 1:
-                watched = time.monotonic()
-                watch()
-            codes = [p.poll() for p in procs]
-            if failed_at is None and any(codes[i] not in (None, 0) for i in critical):
-                failed_at = time.monotonic()  # nothing is started again from now on
-            for i, c in enumerate(codes):
-                if c not in (None, 0) and i in restartable and restarts < max_restarts \
-                        and failed_at is None:
-                    restarts += 1
-                    label = labels[i] if labels else f"worker {i}"
-                    print(f"[launch] {label} {WorkerResult(i, c, '').describe()}; starting it "
-                          f"again (restart {restarts} of {max_restarts})", file=sys.stderr,
-                          flush=True)
-                    procs[i] = start(i)
-                    codes[i] = None
-                if codes[i] is not None:
-                    ended.setdefault(i, time.monotonic())
-            if all(c is not None for c in codes):
-                break
-            if failed_at is not None and time.monotonic() - failed_at > 10:
-                break
-            time.sleep(0.1)
+        with _forwarding(procs, noticed):
+            for rank in range(len(commands)):
+                procs.append(start(rank))
+            deadline = time.monotonic() + timeout
+            failed_at = None
+            critical = (stop_on_failure if isinstance(stop_on_failure, frozenset) else
+                        frozenset(range(len(procs)) if stop_on_failure else ()))
+            watched = time.monotonic()
+            while time.monotonic() < deadline:
+                if watch is not None and time.monotonic() - watched >= 1:
+                    watched = time.monotonic()
+                    watch()
+                codes = [p.poll() for p in procs]
+                if not noticed and PREEMPTED_EXIT in codes:
+                    noticed.append(time.monotonic())  # one was preempted: the others follow
+                if noticed:  # preempted: every process backs up and exits; none is restarted
+                    if all(c is not None for c in codes) or \
+                            time.monotonic() - noticed[0] > grace:
+                        break
+                    time.sleep(0.1)
+                    continue
+                if failed_at is None and any(codes[i] not in (None, 0) for i in critical):
+                    failed_at = time.monotonic()  # nothing is started again from now on
+                for i, c in enumerate(codes):
+                    if c not in (None, 0) and i in restartable and restarts < max_restarts \
+                            and failed_at is None:
+                        restarts += 1
+                        label = labels[i] if labels else f"worker {i}"
+                        print(f"[launch] {label} {WorkerResult(i, c, '').describe()}; starting it "
+                              f"again (restart {restarts} of {max_restarts})", file=sys.stderr,
+                              flush=True)
+                        procs[i] = start(i)
+                        codes[i] = None
+                    if codes[i] is not None:
+                        ended.setdefault(i, time.monotonic())
+                if all(c is not None for c in codes):
+                    break
+                if failed_at is not None and time.monotonic() - failed_at > 10:
+                    break
+                time.sleep(0.1)
     finally:
         stopped = {i for i, p in enumerate(procs) if p.poll() is None}
         for p in procs:
@@ -248,6 +303,7 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
 DEFAULT_PORT = 23456
 DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
+REQUEST_TAG = "[tfdist] elastic request "  # tfdist.callbacks.resize.REQUEST_TAG
 MAX_RESIZES = 16
 
 
@@ -281,12 +337,11 @@ def run_elastic(argv: list[str], workers: int | None, min_workers: int | None,
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0. Received: {max_restarts}")
     deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="tfdist-elastic-") as control:
-        env = {**os.environ, "TFDIST_ELASTIC": "1", "TFDIST_ELASTIC_DIR": control,
-               "TFDIST_ELASTIC_MIN_WORKERS": str(min_workers),
-               "TFDIST_ELASTIC_MAX_WORKERS": str(max_workers)}
-        job = _ElasticJob(argv, env, control, min_workers, max_workers, hostfile, port, ssh)
-        return job.loop(workers, max_restarts, deadline, echo)
+    env = {**with_secret(dict(os.environ)), "TFDIST_ELASTIC": "1",
+           "TFDIST_ELASTIC_MIN_WORKERS": str(min_workers),
+           "TFDIST_ELASTIC_MAX_WORKERS": str(max_workers)}
+    job = _ElasticJob(argv, env, min_workers, max_workers, hostfile, port, ssh)
+    return job.loop(workers, max_restarts, deadline, echo)
 
 
 def _slots(hosts: list[tuple[str, int]]) -> int:
@@ -295,25 +350,63 @@ def _slots(hosts: list[tuple[str, int]]) -> int:
 
 class _ElasticJob:
     """The elastic launcher's loop: run, and on a loss, a resize request or an offer of more
-    slots, start again at the new size."""
+    slots, start again at the new size. It talks to the job through what reaches every host
+    (`tfdist.callbacks.resize`): the environment of each start, the chief's standard input
+    (offers) and standard output (requests); never through a file."""
 
-    def __init__(self, argv, env, control, min_workers, max_workers, hostfile, port, ssh):
-        self.argv, self.env, self.control = argv, env, Path(control)
+    def __init__(self, argv, env, min_workers, max_workers, hostfile, port, ssh):
+        self.argv, self.env = argv, env
         self.min_workers, self.max_workers = min_workers, max_workers
         self.hostfile, self.port, self.ssh = hostfile, port, ssh
         self.hosts = read_hostfile(hostfile) if hostfile else None
         self.size = 0
         self.offered = 0
+        self.measured: dict[int, float] = {}  # examples/s per size, reported by the job
+        self.request: dict | None = None  # the chief's resize request of this run
+        self.chief: subprocess.Popen | None = None
 
     def _commands(self, size: int):
+        env = {**self.env, "TFDIST_ELASTIC_MEASURED": json.dumps(
+            {str(k): v for k, v in self.measured.items()})}
         if self.hosts is None:
-            return host_commands(self.argv, [("127.0.0.1", size)], env=self.env)
+            return host_commands(self.argv, [("127.0.0.1", size)], env=env)
         placed, left = [], size
         for host, slots in self.hosts:  # the first `size` slots of the hostfile
             if left:
                 placed.append((host, min(slots, left)))
                 left -= placed[-1][1]
-        return host_commands(self.argv, placed, self.port, self.ssh, env=self.env)
+        if env.get(SECRET_ENV):
+            send_secret([h for h, _ in placed], env[SECRET_ENV], self.ssh)
+        return host_commands(self.argv, placed, self.port, self.ssh, env=env)
+
+    def _started(self, rank: int, proc: subprocess.Popen) -> None:
+        if rank == 0:
+            self.chief = proc
+
+    def _on_line(self, rank: int, line: str) -> None:
+        """Takes the chief's resize request from its output (checked before it is used)."""
+        if rank != 0 or not line.startswith(REQUEST_TAG):
+            return
+        try:
+            self.request = self._checked(json.loads(line[len(REQUEST_TAG):]))
+        except (ValueError, TypeError, KeyError) as e:
+            self.request = None
+            print(f"[launch] elastic: ignoring a malformed resize request from worker 0 ({e}): "
+                  f"{line.strip()[:300]}", file=sys.stderr, flush=True)
+
+    def _checked(self, request) -> dict:
+        size, reason = request["size"], request["reason"]
+        if isinstance(size, bool) or not isinstance(size, int) or \
+                not self.min_workers <= size <= self.max_workers:
+            raise ValueError(f"size {size!r} is not in [--min-workers={self.min_workers}, "
+                             f"--max-workers={self.max_workers}]")
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise ValueError("the reason must be a text of at most 1,000 characters")
+        measured = {int(k): float(v) for k, v in dict(request.get("measured") or {}).items()}
+        if len(measured) > 1024 or any(not 1 <= k <= 1 << 20 or not 0 <= v < 1e12
+                                       for k, v in measured.items()):
+            raise ValueError("the measurements are not {size: examples per second}")
+        return {"size": size, "reason": reason, "measured": measured}
 
     def _watch(self) -> None:
         """Reads the hostfile again; offers the job the slots it does not use (once each)."""
@@ -323,11 +416,12 @@ class _ElasticJob:
             return  # being rewritten, or gone: keep what we know
         self.hosts = hosts
         offer = min(_slots(hosts), self.max_workers)
-        if offer > max(self.size, self.offered):
+        if offer > max(self.size, self.offered) and self.chief is not None:
             self.offered = offer
-            path = self.control / "offer.json"
-            path.with_suffix(".tmp").write_text(json.dumps({"size": offer}))
-            os.replace(path.with_suffix(".tmp"), path)
+            with contextlib.suppress(OSError, ValueError):  # the chief may just have ended
+                assert self.chief.stdin is not None
+                self.chief.stdin.write(json.dumps({"offer": offer}) + "\n")
+                self.chief.stdin.flush()
             print(f"[launch] elastic: {self.hostfile} offers {_slots(hosts)} slots; the job "
                   f"grows from {self.size} to {offer} workers at its next backup",
                   file=sys.stderr, flush=True)
@@ -335,20 +429,21 @@ class _ElasticJob:
     def loop(self, size: int, max_restarts: int, deadline: float, echo: bool) -> int:
         restarts = resizes = 0
         while True:
-            self.size, self.offered = size, 0
-            (self.control / "offer.json").unlink(missing_ok=True)
+            self.size, self.offered, self.request, self.chief = size, 0, None, None
             results = run_processes(self._commands(size), max(1.0, deadline - time.monotonic()),
-                                    echo=echo, watch=self._watch if self.hostfile else None)
-            request = self.control / "resize.json"
-            if all(r.returncode == RESIZE_EXIT for r in results) and request.is_file() \
+                                    echo=echo, watch=self._watch if self.hostfile else None,
+                                    on_line=self._on_line, on_start=self._started)
+            wanted = self.request
+            if all(r.returncode == RESIZE_EXIT for r in results) and wanted is not None \
                     and resizes < MAX_RESIZES:
-                wanted = json.loads(request.read_text())
-                request.unlink()
+                self.measured.update(wanted["measured"])
                 resizes += 1
                 print(f"[launch] elastic: resizing from {size} to {wanted['size']} workers "
                       f"({wanted['reason']})", file=sys.stderr, flush=True)
-                size = int(wanted["size"])
+                size = wanted["size"]
                 continue
+            if any(r.returncode == PREEMPTED_EXIT for r in results):
+                return _preempted(results)  # a notice, not a loss: the scheduler restarts us
             report(results)
             lost = lost_workers(results)
             if not lost:
@@ -363,6 +458,23 @@ class _ElasticJob:
             print(f"[launch] elastic: {len(lost)} worker(s) lost; restarting on {left} workers "
                   f"(restart {restarts} of {max_restarts})", file=sys.stderr, flush=True)
             size = left
+
+
+def _preempted(results: list[WorkerResult], labels: list[str] | None = None) -> int:
+    """The end of a preempted job: PREEMPTED_EXIT if every process backed up and exited so,
+    else the report of those that did not (and their failure's code)."""
+    others = [r for r in results if r.returncode != PREEMPTED_EXIT]
+    if not others:
+        print(f"[launch] preempted: every worker backed up at the same step and exited with "
+              f"{PREEMPTED_EXIT}; run the same command again to resume", file=sys.stderr,
+              flush=True)
+        return PREEMPTED_EXIT
+    report(others, labels)
+    print(f"[launch] preempted, but {len(others)} process(es) did not back up (above): the job "
+          "resumes from its newest backup that every worker completed", file=sys.stderr,
+          flush=True)
+    failed = [r for r in others if r.returncode not in (0, None)]
+    return failed[0].exit_code if failed else PREEMPTED_EXIT
 
 
 def report(results: list[WorkerResult], labels: list[str] | None = None) -> None:
@@ -424,14 +536,23 @@ def is_local(host: str) -> bool:
     return host in {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
 
 
+def with_secret(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the job's secret (`tfdist.security`): the one it has, else a new one."""
+    if env.get(SECRET_ENV) or env.get(SECRET_FILE_ENV):
+        return env
+    return {**env, SECRET_ENV: new_secret()}
+
+
 def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEFAULT_PORT,
                   ssh: str = DEFAULT_SSH, env: dict[str, str] | None = None, ps: int = 0
                   ) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, environment) per task: `slots` tasks per host, TF_CONFIG addresses
     host:port, host:port+1, ...; remote ones wrapped in `ssh host 'cd ... && env ... argv'`
     (only TF_CONFIG and the TF_/TFDIST_/PYTHON variables set here travel with them). The first
-    `ps` tasks are parameter servers."""
-    base = dict(os.environ if env is None else env)
+    `ps` tasks are parameter servers. Every task gets the job's secret (`with_secret`): local
+    ones in their environment, remote ones as a file (`remote_secret_file`), never on the
+    command line."""
+    base = with_secret(dict(os.environ if env is None else env))
     all_local = all(is_local(h) for h, _ in hosts)
     total = sum(slots for _, slots in hosts)
     ports = free_ports(total) if all_local else None
@@ -449,7 +570,10 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
                 commands.append((argv, {**base, "TF_CONFIG": config}))
             else:
                 passed = {k: v for k, v in base.items()
-                          if k.startswith(("TF_", "TFDIST_", "PYTHON")) and k != "TF_CONFIG"}
+                          if k.startswith(("TF_", "TFDIST_", "PYTHON"))
+                          and k not in ("TF_CONFIG", SECRET_ENV)}
+                if base.get(SECRET_ENV):
+                    passed[SECRET_FILE_ENV] = remote_secret_file(base[SECRET_ENV])
                 exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in
                                    sorted({**passed, "TF_CONFIG": config}.items()))
                 remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
@@ -457,6 +581,33 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
                 commands.append(([*shlex.split(ssh), host, remote], base))
             rank += 1
     return commands
+
+
+def remote_secret_file(secret: str) -> str:
+    """Where a remote host keeps the job's secret (mode 0600, named after its digest, in the
+    remote user's home): `send_secret` writes it there."""
+    return f"~/.tfdist/job-{hashlib.sha256(secret.encode()).hexdigest()[:16]}.secret"
+
+
+def send_secret(hosts: list[str], secret: str, ssh: str = DEFAULT_SSH,
+                timeout: float = 60) -> None:
+    """Writes the job's secret to `remote_secret_file` on each remote host, through ssh's
+    standard input (never on a command line; no terminal, so nothing echoes it).
+
+    Raises:
+        RuntimeError: a host could not be reached or written to (named).
+    """
+    path = remote_secret_file(secret)
+    command = [part for part in shlex.split(ssh) if part != "-tt"]
+    for host in dict.fromkeys(h for h in hosts if not is_local(h)):
+        script = (f"umask 077 && mkdir -p ~/.tfdist && cat > {path}.tmp && "
+                  f"mv {path}.tmp {path}")
+        done = subprocess.run([*command, "-T", host, script], input=secret + "\n", text=True,
+                              capture_output=True, timeout=timeout)
+        if done.returncode:
+            raise RuntimeError(f"could not give the job's secret to {host} over ssh "
+                               f"({done.stderr.strip() or f'exit {done.returncode}'}); check "
+                               f"`{ssh} {host} true`")
 
 
 def horovodrun_command(argv: list[str], np: int, hosts: list[tuple[str, int]] | None = None,
@@ -609,10 +760,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--workers must be >= 1. Received: {args.workers}")
             if hosts is not None and sum(n for _, n in hosts) <= args.ps:
                 raise ValueError(f"--ps {args.ps} leaves no slot of the hosts for a worker")
+            env = with_secret(dict(os.environ))
             commands = host_commands(
                 command, hosts or [("127.0.0.1", args.workers + args.ps)], args.port, args.ssh,
-                ps=args.ps)
-    except (ValueError, FileNotFoundError) as e:
+                env=env, ps=args.ps)
+            if hosts and env.get(SECRET_ENV):
+                send_secret([h for h, _ in hosts], env[SECRET_ENV], args.ssh)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         parser.error(str(e))
     labels = ([f"ps {i}" for i in range(args.ps)] +
               [f"worker {i}" for i in range(len(commands) - args.ps)]) if args.ps else None
@@ -624,6 +778,8 @@ def main(argv: list[str] | None = None) -> int:
     except CommandNotFound as e:
         print(f"[launch] {e.strerror}", file=sys.stderr)
         return 127
+    if any(r.returncode == PREEMPTED_EXIT for r in results):
+        return _preempted(results, labels)
     report(results, labels)
     if args.ps:  # the servers and the chief decide; a lost worker is reported above
         decisive = results[:args.ps + 1]

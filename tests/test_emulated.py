@@ -161,3 +161,36 @@ def test_parameter_servers_run_on_host_0_after_the_workers():
         "{'type': 'ps', 'index': 0}"]
     assert emulated_config["cluster"]["ps"] == [f"{cluster.addresses[0]}:{emulated.WORKER_PORT + 1}"]
     assert config["cluster"]["worker"] == [f"{a}:{emulated.WORKER_PORT}" for a in cluster.addresses]
+
+
+@needs_netns
+def test_hosts_share_nothing_but_the_network_and_the_storage_they_are_given(tmp_path):
+    """Each host: its own hostname, /tmp, home and working directory; the software read-only;
+    a file written on one host is not on the other, nor on this machine; the shared directory
+    is the same on every host. Two processes on one host share its files."""
+    code = ("import os, socket, sys\n"
+            "h = socket.gethostname(); shared = sys.argv[1]\n"
+            "open('/tmp/mine', 'a').write(h + ' '); open(os.path.expanduser('~/note'), 'w').write(h)\n"
+            "open(os.path.join(shared, h), 'w').write(h)\n"
+            "try:\n    open(os.path.join(os.path.dirname(os.__file__), 'tfdist-probe'), 'w')\n"
+            "    writable = True\n"
+            "except OSError:\n    writable = False\n"
+            "print('SEEN', h, os.getcwd(), open('/tmp/mine').read().split(), writable)\n")
+    with EmulatedCluster(2, "1gbit", shared=[tmp_path]) as cluster:
+        results = cluster.run_workers([sys.executable, "-c", code, str(tmp_path)], timeout=60,
+                                      env=worker_env(), ps=1)  # the ps task: on host 0 too
+        again = subprocess.run(cluster.command(1, ["cat", "/tmp/mine"]), capture_output=True,
+                               text=True, timeout=30)
+        host0 = subprocess.run(cluster.command(0, ["cat", "/tmp/mine"]), capture_output=True,
+                               text=True, timeout=30)
+    assert [r.returncode for r in results] == [0, 0, 0], results[0].output[-2000:]
+    seen = [r.output.split("SEEN ")[1].split() for r in results]
+    home = os.path.realpath(os.path.expanduser("~"))
+    assert [s[:2] for s in seen] == [["host0", f"{home}/work"], ["host1", f"{home}/work"],
+                                     ["host0", f"{home}/work"]]
+    assert all(s[-1] == "False" for s in seen)  # the installed software is read-only
+    assert seen[1][2:-1] == ["['host1']"]  # host 1's /tmp holds only its own file
+    assert again.stdout.split() == ["host1"]  # and keeps it for the next process there
+    assert host0.stdout.split() == ["host0", "host0"]  # worker 0 and the ps share host 0
+    assert sorted(os.listdir(tmp_path)) == ["host0", "host1"]
+    assert not os.path.exists("/tmp/mine")

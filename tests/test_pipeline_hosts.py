@@ -34,8 +34,9 @@ def four_hosts(tmp_path_factory):
     """One job on 4 emulated hosts (1 Gbit/s links): every check's weights."""
     from tfdist.tools.emulated import EmulatedCluster
 
-    out = str(tmp_path_factory.mktemp("hosts") / "weights.npz")
-    with EmulatedCluster(4, "1gbit") as cluster:
+    shared = tmp_path_factory.mktemp("hosts")  # the job's shared storage
+    out = str(shared / "weights.npz")
+    with EmulatedCluster(4, "1gbit", shared=[shared]) as cluster:
         results = cluster.run_workers([sys.executable, WORKER, out], timeout=300,
                                       env=worker_env())
     assert [r.returncode for r in results] == [0] * 4, results[0].output[-3000:]
@@ -73,7 +74,7 @@ def test_a_host_that_dies_stops_the_job_with_an_error_naming_it(tmp_path):
 
     flag = str(tmp_path / "training")
     start = time.monotonic()
-    with EmulatedCluster(2, "1gbit") as cluster:
+    with EmulatedCluster(2, "1gbit", shared=[tmp_path]) as cluster:
         results = cluster.run_workers([sys.executable, WORKER, flag, "die"], timeout=180,
                                       env=worker_env())
     assert os.path.exists(flag)  # worker 0 had trained two epochs across both hosts

@@ -2,7 +2,12 @@
 
 from tfdist.callbacks.accordion import Accordion, critical_regimes
 from tfdist.callbacks.averaging_period import AveragingPeriodSchedule, adacomm_period
-from tfdist.callbacks.backup import PREEMPTED_EXIT, BackupAndRestore, BackupMismatch
+from tfdist.callbacks.backup import (
+    PREEMPTED_EXIT,
+    BackupAndRestore,
+    BackupError,
+    BackupMismatch,
+)
 from tfdist.callbacks.checkpoint import ModelCheckpoint
 from tfdist.callbacks.comm_stats import CommunicationStats, StepTimer
 from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
@@ -15,6 +20,7 @@ __all__ = [
     "Accordion",
     "AveragingPeriodSchedule",
     "BackupAndRestore",
+    "BackupError",
     "BackupMismatch",
     "CommunicationStats",
     "ElasticJoin",

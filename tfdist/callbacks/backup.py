@@ -185,6 +185,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._clean_leftovers()
         self._install_handlers()
         if self.elastic:
+            self._check_shared()
             found = self._elastic_backup()
             if found is not None:
                 self._restore(*found)
@@ -258,6 +259,40 @@ class BackupAndRestore(keras.callbacks.Callback):
             for name in os.listdir(parent):
                 if name.endswith((".partial", REMOVING)):
                     shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+    def _check_shared(self) -> None:
+        """Raises the same BackupError on every process unless every process sees the others'
+        files in `directory` (an elastic job resumes from files other processes wrote)."""
+        engine = self._engine
+        if not engine.multi_process:
+            return
+        token = np.random.default_rng().integers(1, 2**53)
+        token = int(engine.run(lambda comm: comm.broadcast(
+            [tf.constant(token, tf.int64)], root=0)[0]))
+        probe = os.path.join(self.directory, ".shared-check")
+        mark = os.path.join(probe, f"{token}-{engine.process_index}")
+        with contextlib.suppress(OSError):
+            os.makedirs(probe, exist_ok=True)
+            with open(mark, "w") as f:
+                f.write(str(engine.process_index))
+        engine.run(lambda comm: comm.all_gather(tf.constant([1.0], tf.float64)))  # all written
+        seen = sum(os.path.isfile(os.path.join(probe, f"{token}-{i}"))
+                   for i in range(engine.process_count))
+        counts = np.asarray(engine.run(lambda comm: comm.all_gather(
+            tf.constant([seen], tf.float64)))).astype(int)
+        engine.run(lambda comm: comm.all_gather(tf.constant([1.0], tf.float64)))  # all read
+        with contextlib.suppress(OSError):
+            os.remove(mark)
+            os.rmdir(probe)
+        short = {i: int(c) for i, c in enumerate(counts) if c < engine.process_count}
+        if short:
+            raise BackupError(
+                f"BackupAndRestore(elastic=True) needs a directory every process of the job "
+                f"sees, and {self.directory} is not shared: process(es) "
+                f"{', '.join(f'{i} see(s) {c}' for i, c in short.items())} of the "
+                f"{engine.process_count} processes' files. Put it on storage every host mounts "
+                "at the same path (NFS, a cluster file system; train.output_dir for tfdist "
+                "train), or run without --elastic.")
 
     # -- preemption ----------------------------------------------------------------------------
     def _install_handlers(self) -> None:
@@ -560,7 +595,11 @@ def check_signals(signals) -> tuple[int, ...]:
 REMOVING = ".removing"
 
 
-class BackupMismatch(ValueError):
+class BackupError(ValueError):
+    """Backups cannot be used as configured (the message says why and what to do)."""
+
+
+class BackupMismatch(BackupError):
     """A backup was written by another job (`BackupAndRestore(job=...)` differs)."""
 
 

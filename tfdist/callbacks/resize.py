@@ -4,18 +4,24 @@
 Under `python -m tfdist.launch --elastic --workers N --min-workers A --max-workers B`, the job can
 be restarted at another size; this callback measures the job's throughput (examples per second)
 at each size it runs at, asks a policy which size to run at, and when that is another size backs
-the job up, writes the request (with its reason) for the launcher and ends every process with
+the job up, tells the launcher the size wanted (with its reason) and ends every process with
 `RESIZE_EXIT`; the launcher restarts the job at the new size and it resumes from the backup.
 
-The launcher tells the workers where to leave requests and what sizes are allowed through
-TFDIST_ELASTIC_DIR, TFDIST_ELASTIC_MIN_WORKERS and TFDIST_ELASTIC_MAX_WORKERS; without them (not
-under the elastic launcher) the callback only measures.
+The launcher and the job talk through the channels every launcher has, on one machine or over
+ssh, and never through a file (the hosts need not share one): the launcher passes the sizes
+allowed and the throughput measured so far in the environment (TFDIST_ELASTIC,
+TFDIST_ELASTIC_MIN_WORKERS, TFDIST_ELASTIC_MAX_WORKERS, TFDIST_ELASTIC_MEASURED), offers more
+workers on the chief's standard input (a line `{"offer": n}`), and reads the chief's request from
+its standard output (a line starting with `REQUEST_TAG`). Without them (not under the elastic
+launcher) the callbacks only measure.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -27,9 +33,73 @@ from tfdist.callbacks.backup import BackupAndRestore
 from tfdist.comm import resolve
 
 RESIZE_EXIT = 75  # EX_TEMPFAIL: "run me again" (at the size the request names)
-REQUEST = "resize.json"
-MEASURED = "throughput.json"
-OFFER = "offer.json"  # written by the launcher: {"size": slots it can run the job on}
+REQUEST_TAG = "[tfdist] elastic request "  # then {"size": n, "reason": ..., "measured": {...}}
+
+
+class LauncherChannel:
+    """This process's side of the elastic launcher's channel (see the module docstring)."""
+
+    def __init__(self, environ=None, stdin=None):
+        environ = os.environ if environ is None else environ
+        self.active = environ.get("TFDIST_ELASTIC") == "1"
+        self.low = _int_or(environ.get("TFDIST_ELASTIC_MIN_WORKERS"), None)
+        self.high = _int_or(environ.get("TFDIST_ELASTIC_MAX_WORKERS"), None)
+        try:
+            measured = json.loads(environ.get("TFDIST_ELASTIC_MEASURED") or "{}")
+            self.measured = {int(k): float(v) for k, v in measured.items()}
+        except (ValueError, TypeError, AttributeError):
+            self.measured = {}
+        self._stdin = stdin
+        self._offer = 0
+        self._listening = False
+        self._lock = threading.Lock()
+
+    def listen(self) -> None:
+        """Starts reading the launcher's offers from standard input (once; the chief)."""
+        if not self.active or self._listening:
+            return
+        self._listening = True
+        threading.Thread(target=self._read, daemon=True, name="tfdist-elastic-offers").start()
+
+    def _read(self) -> None:
+        stream = self._stdin if self._stdin is not None else sys.stdin
+        for line in iter(stream.readline, ""):
+            try:
+                offer = int(json.loads(line.strip())["offer"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not an offer (a terminal may echo other input)
+            with self._lock:
+                self._offer = max(self._offer, offer)
+
+    def offer(self) -> int:
+        """The most workers the launcher has offered so far (0: none)."""
+        with self._lock:
+            return self._offer
+
+    def request(self, size: int, reason: str, measured: dict[int, float]) -> None:
+        """Asks the launcher to restart the job on `size` workers (the chief, before it exits
+        with RESIZE_EXIT)."""
+        print(REQUEST_TAG + json.dumps({"size": size, "reason": reason,
+                                        "measured": {str(k): v for k, v in measured.items()}}),
+              flush=True)
+
+
+def _int_or(text, default):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return default
+
+
+_channel: LauncherChannel | None = None
+
+
+def launcher_channel() -> LauncherChannel:
+    """This process's channel to the elastic launcher (one per process)."""
+    global _channel
+    if _channel is None:
+        _channel = LauncherChannel()
+    return _channel
 
 Policy = Callable[[dict[int, float], int, int, int], tuple[int, str]]
 
@@ -72,11 +142,11 @@ class ElasticResize(keras.callbacks.Callback):
 
     Pass it to `fit` on every worker, after the `BackupAndRestore` it uses to save the job
     before a resize. Once per start, after `warmup_steps` steps (tracing, first collectives),
-    the chief times `every` steps and records examples/s for the current size in the
-    launcher's directory (the first measurement of a size is kept, so a policy that moves only
-    to the best measured or to an unmeasured size settles); the policy's choice is broadcast
-    from the chief, so all workers agree; every decision is printed with its reason by the
-    chief (and by the launcher).
+    the chief times `every` steps and measures examples/s for the current size, which the
+    launcher keeps across restarts (the first measurement of a size is kept, so a policy that
+    moves only to the best measured or to an unmeasured size settles); the policy's choice is
+    broadcast from the chief, so all workers agree; every decision is printed with its reason
+    by the chief (and by the launcher).
 
     Args:
         backup: The job's `BackupAndRestore` (it must be in `fit`'s callbacks too, before this).
@@ -98,7 +168,7 @@ class ElasticResize(keras.callbacks.Callback):
         self.every = check_int("every", every, 1)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 1)
         self.policy = policy or throughput_policy()
-        self.directory = os.environ.get("TFDIST_ELASTIC_DIR")
+        self.channel = launcher_channel()
         self.decisions: list[dict] = []
 
     def on_train_begin(self, logs=None):
@@ -116,51 +186,29 @@ class ElasticResize(keras.callbacks.Callback):
             self._decide(self.every * self.global_batch_size / (time.perf_counter() - self._start))
 
     def _decide(self, rate: float) -> None:
-        engine, size = self._engine, self._engine.process_count
-        low = int(os.environ.get("TFDIST_ELASTIC_MIN_WORKERS", size))
-        high = int(os.environ.get("TFDIST_ELASTIC_MAX_WORKERS", size))
+        engine, size, channel = self._engine, self._engine.process_count, self.channel
+        low = size if channel.low is None else channel.low
+        high = size if channel.high is None else channel.high
         target, reason = size, "not under the elastic launcher: measuring only"
+        measured = dict(channel.measured)
         if engine.is_chief:
-            measured = self._measured()
             measured.setdefault(size, rate)  # each size measured once: moves are finite
-            if self.directory is not None:
+            if channel.active:
                 target, reason = self.policy(measured, size, low, high)
                 if not low <= target <= high:
                     raise ValueError(f"The resize policy chose {target} workers, outside "
                                      f"[{low}, {high}]")
-                self._write(MEASURED, {str(k): v for k, v in measured.items()})
             print(f"[tfdist] elastic: {reason}", flush=True)
         if engine.multi_process:  # every worker takes the chief's decision
             target = int(engine.run(lambda comm: comm.broadcast(
                 [tf.constant(target, tf.int64)], root=0)[0]))
         self.decisions.append({"size": size, "examples_per_second": rate, "target": target,
                                "reason": reason if engine.is_chief else None})
-        if target != size and self.directory is not None:
+        if target != size and channel.active:
             self.backup.save_now()
             if engine.is_chief:
-                self._write(REQUEST, {"size": target, "reason": reason})
+                channel.request(target, reason, measured)
             raise SystemExit(RESIZE_EXIT)
-
-    def _measured(self) -> dict[int, float]:
-        if self.directory is None:
-            return {}
-        try:
-            with open(os.path.join(self.directory, MEASURED)) as f:
-                return {int(k): float(v) for k, v in json.load(f).items()}
-        except (OSError, ValueError):
-            return {}
-
-    def _write(self, name: str, value: dict) -> None:
-        assert self.directory is not None
-        _write(self.directory, name, value)
-
-
-def _write(directory: str, name: str, value: dict) -> None:
-    """Writes `value` as JSON to directory/name, whole or not at all (the launcher reads it)."""
-    path = os.path.join(directory, name)
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f)
-    os.replace(path + ".tmp", path)
 
 
 class ElasticJoin(keras.callbacks.Callback):
@@ -168,12 +216,12 @@ class ElasticJoin(keras.callbacks.Callback):
     themselves).
 
     Under `python -m tfdist.launch --elastic --hostfile F`, the launcher reads F again every
-    second and, when it lists more slots than the job runs on, offers them. After each backup
-    of `backup` (every process backs up at the same steps) the chief reads the offer and
-    broadcasts it; if it is larger than the job, every process ends with `RESIZE_EXIT` and the
-    launcher starts the job at the offered size, which resumes from that backup: nothing is
-    trained twice or lost. Outside the elastic launcher it does nothing. `tfdist train` adds it
-    by itself under the elastic launcher.
+    second and, when it lists more slots than the job runs on, offers them on the chief's
+    standard input. After each backup of `backup` (every process backs up at the same steps)
+    the chief broadcasts the offer; if it is larger than the job, every process ends with
+    `RESIZE_EXIT` and the launcher starts the job at the offered size, which resumes from that
+    backup: nothing is trained twice or lost. Outside the elastic launcher it does nothing.
+    `tfdist train` adds it by itself under the elastic launcher.
 
     Args:
         backup: The job's `BackupAndRestore` (in `fit`'s callbacks too, before this).
@@ -185,11 +233,13 @@ class ElasticJoin(keras.callbacks.Callback):
             raise ValueError(f"`backup` must be a tfdist.callbacks.BackupAndRestore. Received: "
                              f"backup={backup!r}")
         self.backup = backup
-        self.directory = os.environ.get("TFDIST_ELASTIC_DIR")
+        self.channel = launcher_channel()
 
     def on_train_begin(self, logs=None):
         self._engine = resolve(getattr(self.model, "distribute_strategy", None))
         self._seen = self.backup.last_saved
+        if self._engine.is_chief:
+            self.channel.listen()
 
     def on_train_batch_end(self, batch, logs=None):
         params = self.params or {}
@@ -204,17 +254,11 @@ class ElasticJoin(keras.callbacks.Callback):
         self._after_backup(last=epoch == (self.params or {}).get("epochs", 0) - 1)
 
     def _after_backup(self, last: bool) -> None:
-        if self.directory is None or self.backup.last_saved == self._seen or last:
+        if not self.channel.active or self.backup.last_saved == self._seen or last:
             return  # no new backup, or nothing left to train
         self._seen = self.backup.last_saved
         engine, size = self._engine, self._engine.process_count
-        offered = 0
-        if engine.is_chief:
-            try:
-                with open(os.path.join(self.directory, OFFER)) as f:
-                    offered = int(json.load(f)["size"])
-            except (OSError, ValueError, KeyError, TypeError):
-                offered = 0
+        offered = self.channel.offer() if engine.is_chief else 0
         if engine.multi_process:  # every worker takes the chief's reading
             offered = int(engine.run(lambda comm: comm.broadcast(
                 [tf.constant(offered, tf.int64)], root=0)[0]))
@@ -224,5 +268,5 @@ class ElasticJoin(keras.callbacks.Callback):
                   f"step {self._seen} resumes on {offered}")
         if engine.is_chief:
             print(f"[tfdist] elastic: {reason}", flush=True)
-            _write(self.directory, REQUEST, {"size": offered, "reason": reason})
+            self.channel.request(offered, reason, self.channel.measured)
         raise SystemExit(RESIZE_EXIT)

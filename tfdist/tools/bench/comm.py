@@ -314,12 +314,14 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
 
 def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
     """Runs the plan; writes the table, JSON and plots after every run."""
+    out_dir = out_dir.resolve()  # the hosts' shared storage: the only files they share
+    out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(plan.runs)
     rows: list[dict] = []
     failures: list[str] = []
     for hosts in plan.hosts:
         for link in plan.bandwidths:
-            with emulated.EmulatedCluster(hosts, link, plan.delay) as cluster:
+            with emulated.EmulatedCluster(hosts, link, plan.delay, shared=[out_dir]) as cluster:
                 baseline: dict | None = None
                 for algo in [*plan.algorithms, None]:
                     key = LIMIT if algo is None else algo.key

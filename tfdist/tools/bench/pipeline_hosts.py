@@ -105,11 +105,13 @@ def worker(result: str, quick: bool) -> None:
 def _one_cluster(hosts: int, bandwidth: str, quick: bool, out_dir: Path) -> list[dict]:
     from tfdist.tools.emulated import EmulatedCluster
 
+    out_dir = out_dir.resolve()  # the hosts' shared storage: the only files they share
+    out_dir.mkdir(parents=True, exist_ok=True)
     result = out_dir / f"pipeline_hosts-{hosts}hosts-{bandwidth}.json"
     result.unlink(missing_ok=True)
     sent: dict[str, int] = {}
     counters: dict[str, list[int]] = {}
-    with EmulatedCluster(hosts, bandwidth) as cluster:
+    with EmulatedCluster(hosts, bandwidth, shared=[out_dir]) as cluster:
 
         def on_line(rank: int, line: str) -> None:
             line = line.strip()

@@ -74,6 +74,8 @@ def _row(plan: comm.Plan, hosts: int, link: str, algo: comm.Algorithm, s: dict) 
 
 def run(plan: comm.Plan, straggler: dict, out_dir: Path, command: str) -> list[dict]:
     """Runs the plan with the straggler; writes the outputs after every run."""
+    out_dir = out_dir.resolve()  # the hosts' shared storage
+    out_dir.mkdir(parents=True, exist_ok=True)
     progress = comm.Progress(len(plan.hosts) * len(plan.bandwidths) * len(plan.algorithms))
     rows: list[dict] = []
     failures: list[str] = []
@@ -81,7 +83,7 @@ def run(plan: comm.Plan, straggler: dict, out_dir: Path, command: str) -> list[d
         share = cpu_share(hosts, straggler["slowdown"])
         for link in plan.bandwidths:
             with emulated.EmulatedCluster(hosts, link, plan.delay, slow_host=straggler["host"],
-                                          cpu_share=share) as cluster:
+                                          cpu_share=share, shared=[out_dir]) as cluster:
                 for algo in plan.algorithms:
                     where = f"{hosts} hosts @ {link}"
                     progress.begin(f"{where}: {algo.label}")

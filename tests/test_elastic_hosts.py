@@ -1,0 +1,109 @@
+"""The elastic launcher on hosts that share nothing but the network: 3 emulated hosts, each with
+its own /tmp, home and working directory; the launcher on this machine starts every worker
+through an ssh stand-in (so the chief is not on the launcher's host) and talks to the job only
+through the workers' standard streams; `train.output_dir` is the one shared directory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, worker_env
+from tests.test_resume import ELASTIC_JOB, _pid_of_worker
+from tfdist.tools import emulated
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc") or not shutil.which("nsenter"),
+                       reason="needs root, iproute2 and nsenter for the emulated hosts"),
+]
+
+SSH = f"{sys.executable} {emulated.__file__} ssh"  # ssh's stand-in: enters an emulated host
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """3 share-nothing hosts; `shared` is the only directory they all see."""
+    shared = tmp_path_factory.mktemp("shared")
+    with emulated.EmulatedCluster(3, "1gbit", shared=[shared]) as cluster:
+        yield cluster, shared
+
+
+def _launch(cluster, hostfile, out, *extra, min_workers="2"):
+    hostfile.write_text("".join(f"{a} slots=1\n" for a in cluster.addresses))
+    return [sys.executable, "-m", "tfdist.launch", "--elastic", "--hostfile", str(hostfile),
+            "--min-workers", min_workers, "--ssh", SSH, "--timeout", "500", "--",
+            sys.executable, "-m", "tfdist.tools.cli", "train", *ELASTIC_JOB,
+            "--set", f"train.output_dir={out}", *extra]
+
+
+def _final(out):
+    (summary,) = out.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(hosts):
+    """The job on 3 remote hosts; worker 1 is SIGKILLed after the backup of step 8: the launcher
+    restarts on 2, the hostfile still offers 3 slots, so the job grows back to 3 at its next
+    backup (the offer reaches the chief on another host through its standard input); it ends
+    with the weights of the same job never stopped, every epoch's examples trained on once."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    cluster, shared = hosts
+    straight_out, out = shared / "straight", shared / "elastic"
+    straight = subprocess.run(_launch(cluster, shared / "hosts-a.txt", straight_out), cwd=ROOT,
+                              env=worker_env(), capture_output=True, text=True, timeout=550)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    launcher = subprocess.Popen(_launch(cluster, shared / "hosts-b.txt", out), cwd=ROOT,
+                                env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        backup = out / "backup" / "process-1" / "step-8" / "meta.json"
+        deadline = time.monotonic() + 300
+        while not backup.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(_pid_of_worker(str(out), 1), signal.SIGKILL)
+        _, err = launcher.communicate(timeout=500)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err[-4000:]
+    assert "[launch] worker 1 exited with 137" in err  # its remote shell's status for SIGKILL
+    assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers" in err
+    assert "the job grows from 2 to 3 workers at its next backup" in err
+    assert "[launch] elastic: resizing from 2 to 3 workers" in err
+    summary, weights = _final(out)
+    reference_summary, reference = _final(straight_out)
+    assert summary["world_size"] == reference_summary["world_size"] == 3
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    assert not (out / "backup").exists()
+
+
+def test_an_elastic_job_whose_output_dir_is_not_shared_is_refused_before_training(hosts,
+                                                                                  tmp_path):
+    """train.output_dir on each host's private /tmp: every worker stops at the start with one
+    line naming the directory and the fix; no step is trained."""
+    cluster, shared = hosts
+    done = subprocess.run(_launch(cluster, shared / "hosts-c.txt", "/tmp/private-run"),
+                          cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert ("BackupAndRestore(elastic=True) needs a directory every process of the job sees, "
+            "and /tmp/private-run/backup is not shared") in done.stdout + done.stderr
+    assert "Put it on storage every host mounts at the same path" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "Epoch 1/3" not in done.stdout

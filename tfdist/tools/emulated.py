@@ -15,7 +15,8 @@ host's link is shaped in both directions by a token-bucket filter (`tbf`) at `ba
 
 Hosts that share nothing but the network: each host has its own mount and UTS namespaces, held
 by a process started with the cluster: a private /tmp, home directory and /dev/shm (empty
-tmpfs), a working directory of its own (`~/work`), the hostname `host<i>`, and the installed
+tmpfs), a working directory of its own (`~/work`), the hostname `host<i>` (every host's name in
+its /etc/hosts, as a cluster's DNS gives them), and the installed
 software (this Python, the virtual environment, the checkout tfdist runs from) visible
 read-only, as a container image or an NFS install would be. Every process started on host i
 (`command(i, ...)`) enters those namespaces, so processes on one host share its files and
@@ -225,7 +226,8 @@ class EmulatedCluster:
         network namespace, so the teardown kills it with the rest)."""
         holder = subprocess.Popen(
             ["ip", "netns", "exec", self.namespaces[host], "unshare", "--mount", "--uts",
-             "--propagation", "private", "sh", "-c", _host_script(host, self.shared)],
+             "--propagation", "private", "sh", "-c",
+             _host_script(host, self.shared, self.addresses)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._holders.append(holder)
         assert holder.stdout is not None
@@ -354,8 +356,23 @@ def _software() -> list[str]:
     return sorted({os.path.realpath(p) for p in paths})
 
 
-def _host_script(host: int, shared: Sequence[str]) -> str:
-    """The shell script that sets up host `host`'s filesystem view, then holds it."""
+def _cgroup_v1() -> list[tuple[str, str]]:
+    """(directory name, mount options) of the machine's cgroup v1 hierarchies."""
+    found = []
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            _, where, kind, options = line.split()[:4]
+            if kind == "cgroup" and where.startswith("/sys/fs/cgroup/"):
+                controllers = [o for o in options.split(",")
+                               if o not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")]
+                if controllers:
+                    found.append((where.rsplit("/", 1)[1], ",".join(controllers)))
+    return found
+
+
+def _host_script(host: int, shared: Sequence[str], addresses: Sequence[str]) -> str:
+    """The shell script that sets up host `host`'s filesystem view (with an /etc/hosts that
+    names every host, as a cluster's DNS would), then holds it."""
     home = os.path.realpath(os.path.expanduser("~"))
     keep = [(p, "ro") for p in _software() if p not in shared] + [(p, "rw") for p in shared]
     keep.sort(key=lambda item: len(item[0]))  # parents before children
@@ -369,7 +386,17 @@ def _host_script(host: int, shared: Sequence[str]) -> str:
     for k, (path, _) in enumerate(keep):  # ... and put it back
         lines.append(f"mkdir -p {shlex.quote(path)} && mount --move /mnt/{k} "
                      f"{shlex.quote(path)}")
-    lines += ["umount /mnt", f"mkdir -p {shlex.quote(home)}/work",
+    names = "\\n".join(f"{a} host{i}" for i, a in enumerate(addresses))
+    # `ip netns exec` mounted a fresh /sys: give back the machine's cgroup v1 hierarchies
+    # (what a host's daemons, SLURM's slurmd among them, expect to find); best effort.
+    lines.append("mount -t tmpfs tfdist-cgroup /sys/fs/cgroup 2>/dev/null && { "
+                 + " ".join(f"mkdir -p /sys/fs/cgroup/{n} && mount -t cgroup -o {o} cgroup "
+                            f"/sys/fs/cgroup/{n} 2>/dev/null;" for n, o in _cgroup_v1())
+                 + " true; } || true")
+    lines += ["umount /mnt",
+              f"printf '127.0.0.1 localhost\\n{names}\\n' > /tmp/.hosts",
+              "mount --bind /tmp/.hosts /etc/hosts",
+              f"mkdir -p {shlex.quote(home)}/work",
               f"cd {shlex.quote(home)}/work", "echo ready", "exec sleep 2147483647"]
     return "\n".join(lines)
 

@@ -36,6 +36,10 @@ back), the job grows to them at its next backup (workers joining by themselves).
 killed by a signal is reported as such (`worker 1 was killed by SIGKILL (signal 9)`, exit code
 128 + N); a command that does not exist is reported in one line (exit code 127).
 
+SLURM: `srun python -m tfdist.launch --slurm [--ps P] [--requeue] -- tfdist train ...` runs on
+every task of a job step: it writes the task's TF_CONFIG from SLURM's environment and becomes
+the command (`tfdist.tools.slurm`); `launch/slurm/train.sbatch` is a batch script that uses it.
+
 Horovod: `--horovod` builds the `horovodrun` command (Gloo by default, `--mpi` for MPI; hosts
 from `--hosts`/`--hostfile`; the elastic flags passed through), prints it and runs it under the
 same timeout; `--dry-run` only prints it.
@@ -679,8 +683,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--workers", type=int, help="number of local TF_CONFIG workers")
     where.add_argument("--hosts", help="host[:slots],... (workers per host)")
     where.add_argument("--hostfile", help="file of `host slots=N` lines")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help="first worker port on each remote host (TF_CONFIG)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"first worker port on each remote host (TF_CONFIG; default "
+                        f"{DEFAULT_PORT}; with --slurm, one derived from the job id)")
     p.add_argument("--ssh", default=DEFAULT_SSH, help="command that reaches a remote host")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before all are killed")
     p.add_argument("--ps", type=int, default=0,
@@ -698,6 +703,14 @@ def _parser() -> argparse.ArgumentParser:
     elastic.add_argument("--max-restarts", type=int, default=3,
                          help="elastic, or --ps: restarts before giving up (default 3); with "
                               "--ps a failed worker is started again and resumes")
+    slurm = p.add_argument_group("SLURM (run by srun on every task of a job step)")
+    slurm.add_argument("--slurm", action="store_true",
+                       help="this process is one task of a SLURM step: write its TF_CONFIG "
+                            "from SLURM's environment (with --ps, the first tasks serve) and "
+                            "become the worker command")
+    slurm.add_argument("--requeue", action="store_true",
+                       help="with --slurm: after a preemption backup, requeue the job "
+                            "(scontrol requeue) so it resumes by itself")
     hvd = p.add_argument_group("Horovod (horovodrun)")
     hvd.add_argument("--horovod", action="store_true", help="launch with horovodrun")
     hvd.add_argument("-np", "--np", type=int, help="number of Horovod ranks")
@@ -711,12 +724,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]) -> int:
+    """`--slurm`: this task's TF_CONFIG from SLURM's environment, then the command in its
+    place (`tfdist.tools.slurm`)."""
+    from tfdist.tools.slurm import slurm_tf_config
+
+    if args.horovod or args.elastic or args.workers or args.hosts or args.hostfile:
+        parser.error("--slurm takes its workers from SLURM (srun -N/-n): drop --workers, "
+                     "--hosts, --hostfile, --elastic and --horovod (run horovodrun inside the "
+                     "allocation for Horovod)")
+    if args.ps < 0:
+        parser.error(f"--ps must be >= 0. Received: {args.ps}")
+    try:
+        config = slurm_tf_config(ps=args.ps, port=args.port)
+    except ValueError as e:
+        parser.error(str(e))
+    env = {**os.environ, "TF_CONFIG": config}
+    if args.requeue:
+        env["TFDIST_REQUEUE"] = "1"
+    if args.ps and not (env.get(SECRET_ENV) or env.get(SECRET_FILE_ENV)):
+        parser.error(f"--ps under SLURM: set {SECRET_ENV} in the batch script, before srun "
+                     "(every task must get the same secret; see launch/slurm/train.sbatch)")
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        print(f"[launch] cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the worker command after --")
+    if args.slurm:
+        return _become_slurm_task(parser, args, command)
+    if args.requeue:
+        parser.error("--requeue is for SLURM jobs: use it with --slurm")
     try:
         hosts = (parse_hosts(args.hosts) if args.hosts else
                  read_hostfile(args.hostfile) if args.hostfile else None)
@@ -749,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return run_elastic(command, args.workers, args.min_workers, args.max_restarts,
                                    args.timeout, max_workers=args.max_workers,
-                                   hostfile=args.hostfile, port=args.port, ssh=args.ssh)
+                                   hostfile=args.hostfile, port=args.port or DEFAULT_PORT, ssh=args.ssh)
             except CommandNotFound as e:
                 print(f"[launch] {e.strerror}", file=sys.stderr)
                 return 127
@@ -762,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--ps {args.ps} leaves no slot of the hosts for a worker")
             env = with_secret(dict(os.environ))
             commands = host_commands(
-                command, hosts or [("127.0.0.1", args.workers + args.ps)], args.port, args.ssh,
+                command, hosts or [("127.0.0.1", args.workers + args.ps)],
+                args.port or DEFAULT_PORT, args.ssh,
                 env=env, ps=args.ps)
             if hosts and env.get(SECRET_ENV):
                 send_secret([h for h, _ in hosts], env[SECRET_ENV], args.ssh)

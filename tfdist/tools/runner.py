@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ from tfdist import compression
 from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
     BackupAndRestore,
-    BackupMismatch,
+    BackupError,
     CommunicationStats,
     ElasticJoin,
     ElasticResize,
@@ -609,7 +610,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     try:
         history = model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps,
                             verbose=_verbosity(config, job, progress), callbacks=callbacks)
-    except BackupMismatch as e:
+    except BackupError as e:
         raise ConfigError(f"{e} (train.output_dir holds the backups)") from None
     _fault_point("trained")
     # The last epoch's logs; a run resumed at its end trains nothing: the backup's.
@@ -762,8 +763,24 @@ def _backup(config: dict[str, Any], run_dir: Path, job: Job):
                               elastic=os.environ.get("TFDIST_ELASTIC") == "1",
                               delete_checkpoint=False,  # `train` removes them when done
                               job=job_identity(config),
-                              preemption_signals=config["train"]["preemption_signals"])
+                              preemption_signals=config["train"]["preemption_signals"],
+                              on_preempted=_requeue if os.environ.get("TFDIST_REQUEUE") == "1"
+                              and os.environ.get("SLURM_JOB_ID") else None)
     return backup, backup.data_start
+
+
+def _requeue(step: int) -> None:
+    """After a preemption backup (`python -m tfdist.launch --slurm --requeue`): puts this SLURM
+    job back in the queue, where it starts again and resumes from the backup of `step`."""
+    job = os.environ["SLURM_JOB_ID"]
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode:
+        print(f"[tfdist] could not requeue SLURM job {job} ({done.stderr.strip()}); submit it "
+              "again to resume", file=sys.stderr, flush=True)
+    else:
+        print(f"[tfdist] requeued SLURM job {job}: it resumes from the backup of step {step}",
+              file=sys.stderr, flush=True)
 
 
 def _fault_point(point: str) -> None:

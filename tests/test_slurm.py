@@ -1,0 +1,107 @@
+"""`launch/slurm/train.sbatch` on a real SLURM (slurmctld and one slurmd per emulated host, hosts
+that share nothing but the network and one directory): TF_CONFIG workers from SLURM's
+environment, and a preemption notice that becomes a backup, a requeue and an exact resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, worker_env
+from tests.slurm_cluster import Slurm, missing
+from tfdist.tools import emulated
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(missing() is not None,
+                                                           reason=str(missing()))]
+
+JOB = ["--set", "model.name=tests.workers.slow_model:build", "--set", "train.epochs=4",
+       "--set", "train.steps_per_epoch=12", "--set", "data.global_batch_size=32"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    shared = tmp_path_factory.mktemp("slurm")
+    with emulated.EmulatedCluster(2, "1gbit", shared=[shared]) as cluster:
+        cluster_slurm = Slurm(cluster, shared)
+        cluster_slurm.start()
+        yield cluster_slurm
+
+
+def _sbatch(slurm: Slurm, name: str) -> tuple[int, object]:
+    out = slurm.shared / name
+    job = int(slurm.run(0, (
+        f"cd {ROOT} && OUTPUT_DIR={out} TFDIST_PYTHON={sys.executable} PYTHONPATH={ROOT} "
+        f"TF_CPP_MIN_LOG_LEVEL=2 CHECKPOINT_STEPS=1000 sbatch --parsable -N 2 "
+        f"--output={slurm.shared}/{name}-%j.out launch/slurm/train.sbatch "
+        f"{' '.join(JOB)}")).stdout.strip().split(";")[0])
+    return job, out
+
+
+def _final(out):
+    (summary,) = out.glob("*/summary.json")
+    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    return json.loads(summary.read_text()), model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def straight(slurm):
+    """The batch script on 2 nodes, never stopped: (summary, weights, its log)."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    job, out = _sbatch(slurm, "straight")
+    state = slurm.wait(job)
+    log = (slurm.shared / f"straight-{job}.out").read_text()
+    assert state == "COMPLETED", log[-4000:]
+    return (*_final(out), log)
+
+
+def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slurm, straight,
+                                                                           tmp_path):
+    summary, weights, log = straight
+    assert summary["engine"] == "multi_worker" and summary["world_size"] == 2
+    assert "on host[0-1]" in log
+    reference = subprocess.run(
+        [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, "--set",
+         "engine.name=mirrored", "--set", "engine.devices=2", "--set",
+         f"train.output_dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True,
+        text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    _, expected = _final(tmp_path)
+    for a, b in zip(expected, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, straight):
+    """`scancel --signal=TERM` mid-training: both tasks back up at one step, the chief requeues
+    the job, SLURM starts it again and it resumes from that backup to the weights of the run
+    never stopped, every epoch's examples trained on once."""
+    job, out = _sbatch(slurm, "preempted")
+    log = slurm.shared / f"preempted-{job}.out"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "Epoch 2/4" in log.read_text()):
+        assert time.monotonic() < deadline, "epoch 2 did not start in time"
+        time.sleep(0.2)
+    slurm.run(0, f"scancel --signal=TERM {job}")
+    while slurm.state(job) != ("PENDING", 1):  # requeued: SLURM holds it for about 2 minutes
+        assert time.monotonic() < deadline + 120, slurm.state(job)
+        time.sleep(0.2)
+    slurm.run(0, f"scontrol update JobId={job} StartTime=now")  # the test need not wait
+    state = slurm.wait(job, timeout=600)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    assert slurm.state(job)[1] == 1, text[-4000:]  # requeued once
+    assert "[tfdist] preempted (SIGTERM): backed up step" in text
+    assert f"[tfdist] requeued SLURM job {job}" in text
+    assert "(restart 1) on host[0-1]" in text
+    summary, weights = _final(out)
+    reference_summary, reference, _ = straight
+    assert summary["resumed_from_step"] >= 12
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

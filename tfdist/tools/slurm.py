@@ -1,0 +1,97 @@
+"""Tasks of a SLURM job step as TF_CONFIG workers (and parameter servers).
+
+`srun python -m tfdist.launch --slurm -- tfdist train ...` runs this on every task of the step:
+it reads SLURM's environment, writes the TF_CONFIG of this task and replaces itself with the
+command, so the task *is* the worker (a signal SLURM sends to the step reaches it directly).
+
+* Tasks: SLURM_PROCID of SLURM_NTASKS, placed block by block on the step's nodes
+  (SLURM_STEP_NODELIST expanded with `scontrol show hostnames`, SLURM_STEP_TASKS_PER_NODE);
+  `--distribution=block`, SLURM's default, is required and checked (each task finds itself
+  where the plan puts it: on SLURMD_NODENAME, at SLURM_LOCALID).
+* Addresses: node:port, node:port+1, ... for the tasks of a node. The port is `port` when given,
+  else one derived from the job and step ids (20000-39999), so two jobs, or two steps of one
+  job, on the same nodes rarely meet; pass `--port` where a site reserves ports.
+* `ps`: the first P tasks are parameter servers, the others workers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+
+from tfdist.tools.launch import cluster_config
+
+PORT_SPAN = (20000, 20000)  # derived ports: first, count
+
+
+def expand_nodelist(nodelist: str, scontrol: str = "scontrol") -> list[str]:
+    """'node[01-02],gpu7' -> ['node01', 'node02', 'gpu7'], as SLURM expands it."""
+    out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
+                         text=True, timeout=60)
+    if out.returncode:
+        raise ValueError(f"`{scontrol} show hostnames {nodelist}` failed: "
+                         f"{out.stderr.strip() or out.returncode}")
+    return out.stdout.split()
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """SLURM's compressed counts, '2(x3),1' -> [2, 2, 2, 1]."""
+    counts = []
+    for item in filter(None, text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            raise ValueError(f"SLURM_STEP_TASKS_PER_NODE={text!r} is not SLURM's 'N(xM),...'")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def derived_port(environ: Mapping[str, str]) -> int:
+    """The first port of a step: from the job and step ids, in [20000, 40000)."""
+    job = int(environ.get("SLURM_JOB_ID", "0"))
+    step = int(environ.get("SLURM_STEP_ID", "0") or 0)
+    first, count = PORT_SPAN
+    return first + (job * 97 + step * 31) % (count - 64)
+
+
+def slurm_tf_config(environ: Mapping[str, str] | None = None, ps: int = 0,
+                    port: int | None = None, scontrol: str = "scontrol") -> str:
+    """This SLURM task's TF_CONFIG (see the module docstring).
+
+    Raises:
+        ValueError: not inside a SLURM step, a layout that is not block by block, or too few
+            tasks for `ps`; the message says what to change.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID") if k not in environ]
+    if missing:
+        raise ValueError(f"--slurm: {', '.join(missing)} not set: run it as a task of a job step, "
+                         "`srun python -m tfdist.launch --slurm -- ...` inside an allocation "
+                         "(sbatch or salloc)")
+    rank, ntasks = int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"])
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    counts_text = (environ.get("SLURM_STEP_TASKS_PER_NODE")
+                   or environ.get("SLURM_TASKS_PER_NODE"))
+    if not nodelist or not counts_text:
+        raise ValueError("--slurm: SLURM_STEP_NODELIST / SLURM_STEP_TASKS_PER_NODE not set: run "
+                         "it under srun")
+    nodes, counts = expand_nodelist(nodelist, scontrol), tasks_per_node(counts_text)
+    if len(nodes) != len(counts) or sum(counts) != ntasks:
+        raise ValueError(f"--slurm: {len(nodes)} nodes ({nodelist}) with tasks {counts} do not "
+                         f"add up to SLURM_NTASKS={ntasks}")
+    if not 0 <= ps < ntasks:
+        raise ValueError(f"--ps {ps} leaves no task of the {ntasks} to train: ask SLURM for more "
+                         "tasks (-n) or fewer parameter servers")
+    base = derived_port(environ) if port is None else port
+    addresses, placed = [], []
+    for node, count in zip(nodes, counts):
+        for local in range(count):
+            addresses.append(f"{node}:{base + local}")
+            placed.append((node, local))
+    node, local = environ.get("SLURMD_NODENAME"), int(environ["SLURM_LOCALID"])
+    if node is not None and placed[rank] != (node, local):
+        raise ValueError(f"--slurm: task {rank} runs on {node} as local task {local}, but a block "
+                         f"layout puts it on {placed[rank][0]} as {placed[rank][1]}: run srun "
+                         "with --distribution=block (SLURM's default)")
+    return cluster_config(rank, addresses, ps)

@@ -1,5 +1,5 @@
-"""Every ```python block of the README runs as written, in a fresh process (what a user pasting
-it into a file does), in a scratch directory (files it saves land there).
+"""Every ```python block of the README and of docs/ runs as written, in a fresh process (what a
+user pasting it into a file does), in a scratch directory (files it saves land there).
 
 A block's first line may say how it runs:
     # horovodrun -np 2 ...       -> under `horovodrun --gloo -np 2 -H localhost:2`
@@ -27,14 +27,19 @@ README = Path(ROOT) / "README.md"
 TIMEOUT = 300
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """(line number, code) of every ```python block."""
-    text = README.read_text()
+DOCS = sorted((Path(ROOT) / "docs").rglob("*.md"))
+
+
+def python_blocks(path: Path = README) -> list[tuple[int, str]]:
+    """(line number, code) of every ```python block of `path`."""
+    text = path.read_text()
     return [(text[:m.start()].count("\n") + 1, m.group(1))
             for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
 
 
 BLOCKS = python_blocks()
+DOC_BLOCKS = [(path.relative_to(ROOT), line, code) for path in DOCS
+              for line, code in python_blocks(path)]
 
 
 def test_the_readme_has_runnable_examples():
@@ -44,7 +49,17 @@ def test_the_readme_has_runnable_examples():
 
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
 def test_readme_example_runs_as_written(tmp_path, line, code):
-    script = tmp_path / f"readme_line{line}.py"
+    _runs_as_written(tmp_path, line, code)
+
+
+@pytest.mark.parametrize("path, line, code", DOC_BLOCKS,
+                         ids=[f"{path}:{line}" for path, line, _ in DOC_BLOCKS])
+def test_docs_example_runs_as_written(tmp_path, path, line, code):
+    _runs_as_written(tmp_path, line, code, where=str(path))
+
+
+def _runs_as_written(tmp_path, line, code, where="README"):
+    script = tmp_path / f"example_line{line}.py"
     script.write_text(code)
     env = worker_env()
     first = code.splitlines()[0]
@@ -52,7 +67,7 @@ def test_readme_example_runs_as_written(tmp_path, line, code):
         if not horovod_available():
             pytest.skip("Horovod is not installed")
         result = run_horovod([sys.executable, str(script)], 2, TIMEOUT, env=env)
-        assert result.returncode == 0, f"README line {line}:\n{result.output[-4000:]}"
+        assert result.returncode == 0, f"{where} line {line}:\n{result.output[-4000:]}"
         return
     if first.startswith("# python -m tfdist.launch --ps"):
         ps = int(first.split("--ps")[1].split()[0])
@@ -60,15 +75,15 @@ def test_readme_example_runs_as_written(tmp_path, line, code):
                                  env=env, ps=ps)
         results = run_processes(commands, TIMEOUT)
         assert [r.returncode for r in results] == [0] * (ps + 2), \
-            f"README line {line}:\n" + "\n".join(r.output[-3000:] for r in results)
+            f"{where} line {line}:\n" + "\n".join(r.output[-3000:] for r in results)
         return
     if first.startswith("# python -m tfdist.launch"):
         results = run_tf_workers([sys.executable, str(script)], 2, TIMEOUT, env=env)
         assert [r.returncode for r in results] == [0, 0], \
-            f"README line {line}:\n" + "\n".join(r.output[-3000:] for r in results)
+            f"{where} line {line}:\n" + "\n".join(r.output[-3000:] for r in results)
         return
     if first.startswith("# needs root") and (os.geteuid() != 0 or not shutil.which("tc")):
         pytest.skip("needs root and iproute2 (network namespaces)")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=TIMEOUT)
-    assert out.returncode == 0, f"README line {line}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    assert out.returncode == 0, f"{where} line {line}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"

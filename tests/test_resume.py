@@ -123,22 +123,23 @@ def test_a_stopped_run_resumes_to_the_weights_of_one_never_stopped(mirrored, tmp
 
 
 
+@pytest.mark.parametrize("name", ["local_sgd", "powersgd", "zero2"])
 def test_a_preemption_signal_backs_up_the_step_in_flight_and_the_rerun_is_exact(mirrored,
-                                                                               tmp_path):
+                                                                               tmp_path, name):
     """SIGUSR1 arrives while step 11 of 18 runs; no periodic backup is due (save_freq 100): the
     step ends, the backup of step 11 is written, fit ends with SystemExit(PREEMPTED_EXIT) and
     the previous handler is back; the same run again resumes there and ends equal to a run never
-    stopped."""
-    straight, history = _run(mirrored(2), OPTIMIZERS["local_sgd"])
+    stopped (every replica's state: local models, residuals and Q, shards)."""
+    straight, history = _run(mirrored(2), OPTIMIZERS[name])
     before = signal.getsignal(signal.SIGUSR1)
     with pytest.raises(SystemExit) as ended:
-        _run(mirrored(2), OPTIMIZERS["local_sgd"], tmp_path / "backup",
+        _run(mirrored(2), OPTIMIZERS[name], tmp_path / "backup",
              crash=SignalDuring(11, signal.SIGUSR1), save_freq=100,
              preemption_signals=["SIGUSR1", "SIGTERM"])
     assert ended.value.code == tfdist.callbacks.PREEMPTED_EXIT == launch.PREEMPTED_EXIT == 76
     assert signal.getsignal(signal.SIGUSR1) is before
     assert sorted(p.name for p in (tmp_path / "backup" / "process-0").iterdir()) == ["step-11"]
-    resumed, rest = _run(mirrored(2), OPTIMIZERS["local_sgd"], tmp_path / "backup",
+    resumed, rest = _run(mirrored(2), OPTIMIZERS[name], tmp_path / "backup",
                          save_freq=100, preemption_signals=["SIGUSR1"])
     for a, b in zip(every_copy(straight), every_copy(resumed), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -448,3 +449,5 @@ def test_the_throughput_policy_settles_on_the_fewest_workers_that_do_as_well():
     assert decide({3: 300.0, 2: 200.0, 4: 305.0}, 4, 2, 4)[0] == 3  # 4 within 5% of 3
     assert decide({1: 100.0}, 1, 1, 1)[0] == 1
     assert tfdist.callbacks.RESIZE_EXIT == launch.RESIZE_EXIT
+    from tfdist.callbacks.resize import REQUEST_TAG
+    assert REQUEST_TAG == launch.REQUEST_TAG  # the launcher reads what the chief writes

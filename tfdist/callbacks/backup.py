@@ -266,9 +266,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         engine = self._engine
         if not engine.multi_process:
             return
-        token = np.random.default_rng().integers(1, 2**53)
+        mine = int(np.random.default_rng().integers(1, 2**53))
         token = int(engine.run(lambda comm: comm.broadcast(
-            [tf.constant(token, tf.int64)], root=0)[0]))
+            [tf.constant(mine, tf.int64)], root=0)[0]))
         probe = os.path.join(self.directory, ".shared-check")
         mark = os.path.join(probe, f"{token}-{engine.process_index}")
         with contextlib.suppress(OSError):
@@ -322,8 +322,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         received a preemption signal (all agree at the same step)."""
         noticed = self._notice or 0
         if self._engine.multi_process:  # one tiny all-gather: the same answer everywhere
-            every = np.asarray(self._engine.run(lambda comm: comm.all_gather(
-                tf.constant([noticed], tf.float64))))
+            every = self._engine.gather_values([noticed])[:, 0]
             noticed = next((int(n) for n in every if n), 0)
         if not noticed:
             return
@@ -331,7 +330,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.last_saved != step:
             self._save(epoch=self._epoch, batch=batch + 1)
         if self._engine.multi_process:  # nobody exits before every process has its backup
-            self._engine.run(lambda comm: comm.all_gather(tf.constant([1.0], tf.float64)))
+            self._engine.gather_values([1.0])
         name = signal.Signals(noticed).name
         self.preempted = {"signal": name, "step": step}
         self._restore_handlers()

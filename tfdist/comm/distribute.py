@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.distribute import fresh_collective_keys, uses_merge_call
@@ -183,6 +184,7 @@ class DistributeEngine(Engine):
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
         self.strategy = strategy or tf.distribute.get_strategy()
         self._local_ranks: list[int] | None = None
+        self._gather_fn: tuple[int, Any] | None = None  # (values per row, traced gather)
 
     @classmethod
     def detect(cls, strategy):
@@ -227,6 +229,25 @@ class DistributeEngine(Engine):
                 lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
             self._local_ranks = [int(i) for i in self.strategy.experimental_local_results(ids)]
         return self._local_ranks
+
+    def gather_values(self, values) -> np.ndarray:
+        """As `Engine.gather_values`, through one traced function kept per engine: an eager
+        collective under the multi-worker strategy costs about 0.2 s a call, a traced one
+        milliseconds."""
+        if self.world_size == 1:
+            return np.asarray([list(values)], np.float64)
+        fn = self._gather_fn
+        if fn is None or fn[0] != len(values):
+            comm = self.communicator()
+            strategy = self.strategy
+
+            @tf.function(reduce_retracing=True)
+            def gather(row):
+                return strategy.run(lambda: comm.all_gather(row))
+
+            self._gather_fn = fn = (len(values), gather)
+        out = fn[1](tf.constant([list(values)], tf.float64))
+        return np.asarray(self.strategy.experimental_local_results(out)[0])
 
     def _run(self, fn):
         if self.world_size == 1:

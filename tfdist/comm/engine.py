@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist.comm.base import ByteCounter, Communicator, LocalCommunicator
@@ -107,6 +108,12 @@ class Engine(abc.ABC):
 
     def _run(self, fn: Callable[[Communicator], Any]) -> Any:
         return fn(self.communicator())
+
+    def gather_values(self, values: Sequence[float]) -> np.ndarray:
+        """Every replica's `values` (floats, the same count everywhere), as rows in rank order:
+        small and cheap enough to call at every step from a callback (a preemption check)."""
+        row = tf.constant([list(values)], tf.float64)
+        return np.asarray(self.run(lambda comm: comm.all_gather(row)))
 
     def replica_copies(self, variable) -> list:
         """The per-replica components of a (possibly mirrored) variable, in local order."""

@@ -91,7 +91,12 @@ def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, stra
     while slurm.state(job) != ("PENDING", 1):  # requeued: SLURM holds it for about 2 minutes
         assert time.monotonic() < deadline + 120, slurm.state(job)
         time.sleep(0.2)
-    slurm.run(0, f"scontrol update JobId={job} StartTime=now")  # the test need not wait
+    # SLURM holds a requeued job about 2 minutes; the test starts it as soon as its previous
+    # run has left the nodes (before that SLURM would refuse it: "Job credential revoked").
+    while slurm.run(0, "sinfo -h -o '%t'", check=False).stdout.split() != ["idle"]:
+        assert time.monotonic() < deadline + 120, "the nodes did not come back"
+        time.sleep(0.2)
+    slurm.run(0, f"scontrol update JobId={job} StartTime=now")
     state = slurm.wait(job, timeout=600)
     text = log.read_text()
     assert state == "COMPLETED", text[-4000:]

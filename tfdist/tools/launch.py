@@ -727,7 +727,7 @@ def _parser() -> argparse.ArgumentParser:
 def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]) -> int:
     """`--slurm`: this task's TF_CONFIG from SLURM's environment, then the command in its
     place (`tfdist.tools.slurm`)."""
-    from tfdist.tools.slurm import slurm_tf_config
+    from tfdist.tools.slurm import slurm_cluster
 
     if args.horovod or args.elastic or args.workers or args.hosts or args.hostfile:
         parser.error("--slurm takes its workers from SLURM (srun -N/-n): drop --workers, "
@@ -736,9 +736,10 @@ def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]
     if args.ps < 0:
         parser.error(f"--ps must be >= 0. Received: {args.ps}")
     try:
-        config = slurm_tf_config(ps=args.ps, port=args.port)
+        rank, addresses = slurm_cluster(ps=args.ps, port=args.port)
     except ValueError as e:
         parser.error(str(e))
+    config = cluster_config(rank, addresses, args.ps)
     env = {**os.environ, "TF_CONFIG": config}
     if args.requeue:
         env["TFDIST_REQUEUE"] = "1"

@@ -1,16 +1,18 @@
 """Tasks of a SLURM job step as TF_CONFIG workers (and parameter servers).
 
-`srun python -m tfdist.launch --slurm -- tfdist train ...` runs this on every task of the step:
-it reads SLURM's environment, writes the TF_CONFIG of this task and replaces itself with the
-command, so the task *is* the worker (a signal SLURM sends to the step reaches it directly).
+`srun python -m tfdist.launch --slurm -- tfdist train ...` runs on every task of the step: it
+reads SLURM's environment (`slurm_cluster`: this task's rank and every task's address), writes
+the TF_CONFIG of this task and replaces itself with the command, so the task *is* the worker
+(a signal SLURM sends to the step reaches it directly).
 
 * Tasks: SLURM_PROCID of SLURM_NTASKS, placed block by block on the step's nodes
   (SLURM_STEP_NODELIST expanded with `scontrol show hostnames`, SLURM_STEP_TASKS_PER_NODE);
   `--distribution=block`, SLURM's default, is required and checked (each task finds itself
   where the plan puts it: on SLURMD_NODENAME, at SLURM_LOCALID).
 * Addresses: node:port, node:port+1, ... for the tasks of a node. The port is `port` when given,
-  else one derived from the job and step ids (20000-39999), so two jobs, or two steps of one
-  job, on the same nodes rarely meet; pass `--port` where a site reserves ports.
+  else one derived from the job and step ids and the restart count (20000-39999), so two jobs,
+  two steps of one job, or a requeued job and its previous run, on the same nodes rarely meet;
+  pass `--port` where a site reserves ports.
 * `ps`: the first P tasks are parameter servers, the others workers.
 """
 
@@ -20,8 +22,6 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping
-
-from tfdist.tools.launch import cluster_config
 
 PORT_SPAN = (20000, 20000)  # derived ports: first, count
 
@@ -48,16 +48,20 @@ def tasks_per_node(text: str) -> list[int]:
 
 
 def derived_port(environ: Mapping[str, str]) -> int:
-    """The first port of a step: from the job and step ids, in [20000, 40000)."""
-    job = int(environ.get("SLURM_JOB_ID", "0"))
+    """The first port of a step: from the job and step ids and the job's restart count (a
+    requeued job's new tasks may start while the old ones still hold their ports), in
+    [20000, 40000)."""
+    job = int(environ.get("SLURM_JOB_ID", "0") or 0)
     step = int(environ.get("SLURM_STEP_ID", "0") or 0)
+    restart = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
     first, count = PORT_SPAN
-    return first + (job * 97 + step * 31) % (count - 64)
+    return first + (job * 97 + step * 31 + restart * 7919) % (count - 64)
 
 
-def slurm_tf_config(environ: Mapping[str, str] | None = None, ps: int = 0,
-                    port: int | None = None, scontrol: str = "scontrol") -> str:
-    """This SLURM task's TF_CONFIG (see the module docstring).
+def slurm_cluster(environ: Mapping[str, str] | None = None, ps: int = 0,
+                  port: int | None = None, scontrol: str = "scontrol") -> tuple[int, list[str]]:
+    """(this task's rank, every task's "host:port" in rank order) of a SLURM step (see the
+    module docstring).
 
     Raises:
         ValueError: not inside a SLURM step, a layout that is not block by block, or too few
@@ -89,9 +93,9 @@ def slurm_tf_config(environ: Mapping[str, str] | None = None, ps: int = 0,
         for local in range(count):
             addresses.append(f"{node}:{base + local}")
             placed.append((node, local))
-    node, local = environ.get("SLURMD_NODENAME"), int(environ["SLURM_LOCALID"])
-    if node is not None and placed[rank] != (node, local):
-        raise ValueError(f"--slurm: task {rank} runs on {node} as local task {local}, but a block "
+    here, local = environ.get("SLURMD_NODENAME"), int(environ["SLURM_LOCALID"])
+    if here is not None and placed[rank] != (here, local):
+        raise ValueError(f"--slurm: task {rank} runs on {here} as local task {local}, but a block "
                          f"layout puts it on {placed[rank][0]} as {placed[rank][1]}: run srun "
                          "with --distribution=block (SLURM's default)")
-    return cluster_config(rank, addresses, ps)
+    return rank, addresses

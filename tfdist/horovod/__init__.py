@@ -6,9 +6,14 @@ Run under `horovodrun` (see BUILD.md for building Horovod against TensorFlow 2.2
 
 `init()` makes Horovod this process's engine (`tfdist.comm.HorovodEngine`), so every tfdist
 optimizer built afterwards (outside a tf.distribute strategy) trains over the ranks.
-`DistributedOptimizer` and `ZeroOptimizer` here are `tfdist.DistributedOptimizer` and
-`tfdist.ZeroOptimizer` themselves: one class per algorithm, whatever the engine, so a model saved
+`DistributedOptimizer(...)` returns a `tfdist.DistributedOptimizer` and `ZeroOptimizer` is
+`tfdist.ZeroOptimizer` itself: one class per algorithm, whatever the engine, so a model saved
 under Horovod loads under a strategy and the other way round.
+
+Horovod's Keras API is spoken here too (`tfdist.horovod.keras_api`): a script written for
+`horovod.tensorflow.keras` runs with `import tfdist.horovod as hvd` (`hvd.DistributedOptimizer(
+opt, compression=hvd.Compression.fp16, backward_passes_per_step=...)`,
+`hvd.callbacks.BroadcastGlobalVariablesCallback(0)`, `hvd.elastic.run`, ...).
 
 Importing this module does not import Horovod; `init()` does.
 """
@@ -20,24 +25,48 @@ import keras
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod
 from tfdist.horovod import callbacks
-from tfdist.optimizers import DistributedOptimizer
+from tfdist.horovod.keras_api import (
+    Adasum,
+    Average,
+    Compression,
+    DistributedOptimizer,
+    Sum,
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    join,
+    local_size,
+)
+from tfdist.optimizers import DistributedOptimizer as _DistributedOptimizer
 from tfdist.zero import ZeroOptimizer
 
 # Models saved by tfdist 0.1 name these classes under the "tfdist.horovod" package.
-for _cls in (DistributedOptimizer, ZeroOptimizer):
+for _cls in (_DistributedOptimizer, ZeroOptimizer):
     keras.saving.get_custom_objects()[f"tfdist.horovod>{_cls.__name__}"] = _cls
 
 
-def init(process_sets=None) -> None:
+def __getattr__(name: str):
+    if name == "elastic":  # imports Horovod: only when asked for
+        import importlib
+
+        return importlib.import_module("tfdist.horovod.elastic")
+    raise AttributeError(f"module 'tfdist.horovod' has no attribute {name!r}")
+
+
+def init(process_sets=None, **horovod_options) -> None:
     """Initialises Horovod (idempotent) and makes it this process's engine.
 
     Args:
         process_sets: Passed to `hvd.init`; "dynamic" lets tfdist create the groups that
             hierarchical averaging reduces within.
+        **horovod_options: Horovod's other `hvd.init` arguments (`comm`, ...).
     """
     hvd = import_horovod()
     if not hvd.is_initialized():
-        hvd.init(process_sets=process_sets)
+        hvd.init(process_sets=process_sets, **horovod_options)
     activate(HorovodEngine())
 
 
@@ -62,5 +91,11 @@ def is_available() -> bool:
     return True
 
 
-__all__ = ["DistributedOptimizer", "callbacks", "init", "is_available", "local_rank", "rank", "size",
-           "ZeroOptimizer"]
+def is_initialized() -> bool:
+    return bool(import_horovod().is_initialized())
+
+
+__all__ = ["Adasum", "Average", "Compression", "DistributedOptimizer", "Sum", "ZeroOptimizer",
+           "allgather", "allreduce", "broadcast", "broadcast_variables", "callbacks",
+           "cross_rank", "cross_size", "init", "is_available", "is_initialized", "join",
+           "local_rank", "local_size", "rank", "size"]

@@ -14,11 +14,17 @@ from tfdist.callbacks.lr_warmup import LearningRateWarmup as _LearningRateWarmup
 from tfdist.comm import HorovodEngine
 
 
+def built(model: keras.Model) -> bool:
+    """Whether the model has its variables (a `Sequential` without an `Input`, or a subclassed
+    model, gets them at its first step)."""
+    return bool(model.built and model.variables)
+
+
 def verify_same_job(callback: keras.callbacks.Callback) -> None:
     """Raises on every rank, before the first step, if the ranks' models, optimizer
     configurations (built here; a tfdist optimizer compares its parts when built) or `fit`
     calls (steps per epoch, epochs) differ: such ranks would otherwise wait for each other in
-    different collectives forever."""
+    different collectives forever. A model built lazily is checked after its first step."""
     engine, model = HorovodEngine(), callback.model
     engine.verify_same_model(model.variables)
     optimizer = model.optimizer
@@ -35,7 +41,8 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
 
     It first builds the optimizer (so its state exists and a resumed optimizer is broadcast too)
     and checks that every rank has the same model and the same `fit` (steps per epoch, epochs),
-    raising a clear error on every rank if not.
+    raising a clear error on every rank if not. A model that is built at its first step (a
+    `Sequential` without an `Input`) is broadcast after that step, as Horovod's callback does.
 
     Args:
         root_rank: The rank whose state wins. Defaults to 0.
@@ -44,8 +51,19 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
     def __init__(self, root_rank: int = 0):
         super().__init__()
         self.root_rank = root_rank
+        self._done = False
 
     def on_train_begin(self, logs=None):
+        self._done = False
+        if built(self.model):
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._done:  # a model built at its first step: as Horovod does, after it
+            self._broadcast()
+
+    def _broadcast(self) -> None:
+        self._done = True
         engine = HorovodEngine()
         comm = engine.communicator()
         if not 0 <= self.root_rank < comm.world_size:
@@ -73,7 +91,14 @@ class MetricAverage(keras.callbacks.Callback):
     """
 
     def on_train_begin(self, logs=None):
-        verify_same_job(self)
+        self._verified = built(self.model)
+        if self._verified:
+            verify_same_job(self)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._verified:  # a model built at its first step
+            self._verified = True
+            verify_same_job(self)
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
@@ -94,3 +119,108 @@ class LearningRateWarmup(_LearningRateWarmup):
 
     def _default_scale(self) -> float:
         return float(HorovodEngine().world_size)
+
+
+# -- Horovod's Keras callback names and arguments (horovod.tensorflow.keras.callbacks) -----------
+class BroadcastGlobalVariablesCallback(BroadcastGlobalVariables):
+    """Horovod's name for `BroadcastGlobalVariables(root_rank)` (`device` is Horovod's and has
+    no effect here)."""
+
+    def __init__(self, root_rank: int = 0, device: str = ""):
+        super().__init__(root_rank)
+
+
+class MetricAverageCallback(MetricAverage):
+    """Horovod's name for `MetricAverage()` (`device` has no effect here)."""
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+
+
+def _refuse_momentum_correction(model: keras.Model, momentum_correction: bool) -> None:
+    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    if momentum_correction and float(getattr(inner, "momentum", 0.0) or 0.0) > 0.0:
+        raise ValueError(
+            "momentum_correction=True (Horovod's default) rescales SGD's momentum when the "
+            "learning rate changes; tfdist's callbacks do not: pass momentum_correction=False "
+            "(the plain schedule), or use an optimizer without momentum.")
+
+
+class LearningRateWarmupCallback(_LearningRateWarmup):
+    """Horovod's warm-up: from `initial_lr / size` to `initial_lr` (the learning rate already
+    scaled by the number of ranks) over `warmup_epochs`, updated every batch.
+
+    Args:
+        initial_lr: The learning rate at the end of the warm-up.
+        warmup_epochs: Epochs of warm-up. Defaults to 5.
+        momentum_correction: Horovod's momentum rescaling; refused (with the alternative) for
+            an optimizer with momentum, since tfdist does not do it.
+        steps_per_epoch: Batches per epoch; default: `fit`'s.
+        verbose: Print the learning rate at each epoch's end of the warm-up.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: float = 5,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0):
+        size = float(HorovodEngine().world_size)
+        super().__init__(warmup_epochs, base_lr=float(initial_lr) / size, scale=size,
+                         steps_per_epoch=steps_per_epoch, verbose=verbose)
+        self.momentum_correction = momentum_correction
+
+    def on_train_begin(self, logs=None):
+        _refuse_momentum_correction(self.model, self.momentum_correction)
+        super().on_train_begin(logs)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Horovod's schedule: from `start_epoch` to `end_epoch` the learning rate is
+    `initial_lr * multiplier` (a number, or a function of the epoch; with `staircase=False`
+    the epoch is fractional and the rate changes every batch).
+
+    Args:
+        initial_lr: The learning rate the multiplier scales.
+        multiplier: A number, or `f(epoch) -> factor`.
+        start_epoch: First epoch it applies to. Defaults to 0.
+        end_epoch: Epoch it stops applying at (exclusive); None: to the end.
+        staircase: Change once per epoch (True) or every batch (False). Defaults to True.
+        momentum_correction: As `LearningRateWarmupCallback`.
+        steps_per_epoch: Batches per epoch; default: `fit`'s.
+    """
+
+    def __init__(self, initial_lr: float, multiplier, start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None):
+        super().__init__()
+        if not callable(multiplier) and not isinstance(multiplier, (int, float)):
+            raise ValueError(f"`multiplier` must be a number or a function of the epoch. "
+                             f"Received: {multiplier!r}")
+        self.initial_lr, self.multiplier = float(initial_lr), multiplier
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase, self.momentum_correction = staircase, momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def on_train_begin(self, logs=None):
+        _refuse_momentum_correction(self.model, self.momentum_correction)
+        self.steps_per_epoch = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not self.staircase and not self.steps_per_epoch:
+            raise ValueError("LearningRateScheduleCallback(staircase=False) needs "
+                             "`steps_per_epoch` (or `fit` with a known number of steps).")
+
+    def _applies(self, epoch: float) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch: float) -> None:
+        if not self._applies(epoch):
+            return
+        factor = self.multiplier(epoch) if callable(self.multiplier) else self.multiplier
+        self.model.optimizer.learning_rate = self.initial_lr * float(factor)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.staircase:
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase:
+            self._set(self._epoch + batch / self.steps_per_epoch)

@@ -45,7 +45,8 @@ from horovod.common.exceptions import HorovodInternalError
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod
 
-__all__ = ["CommitState", "KerasState", "UpdateState", "callbacks", "run"]
+__all__ = ["CommitState", "CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback", "UpdateState", "callbacks", "run"]
 
 
 class KerasState(ObjectState):
@@ -160,6 +161,52 @@ class CommitState(keras.callbacks.Callback):
 def callbacks(state: KerasState, batches_per_commit: int = 1) -> list[keras.callbacks.Callback]:
     """The callbacks an elastic `fit` needs, in order: `UpdateState`, then `CommitState`."""
     return [UpdateState(state), CommitState(state, batches_per_commit)]
+
+
+# -- Horovod's names (horovod.tensorflow.keras.elastic), with Horovod's meaning ----------------
+class CommitStateCallback(CommitState):
+    """Horovod's `CommitStateCallback(state, batches_per_commit=1)`: `CommitState`."""
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Horovod's: `state.epoch` counts epochs across resets (Keras' epoch restarts at 0 after
+    a reset when `fit` is called without `initial_epoch`)."""
+
+    def __init__(self, state: KerasState):
+        super().__init__()
+        self.state = state
+        self.initial_epoch = state.epoch
+
+    def on_train_begin(self, logs=None):
+        self.initial_epoch = self.state.epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = self.initial_epoch + epoch + 1
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Horovod's: `state.batch` is the last batch done of the epoch (0 at an epoch's end), and
+    an epoch resumed after a reset runs only its remaining steps."""
+
+    def __init__(self, state: KerasState):
+        super().__init__()
+        self.state = state
+        self.steps_per_epoch: int | None = None
+
+    def on_train_begin(self, logs=None):
+        self.steps_per_epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = self.params["steps"]
+            self.params["steps"] = self.steps_per_epoch - self.state.batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = batch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
 
 
 def run(func):

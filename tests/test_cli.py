@@ -200,6 +200,26 @@ def test_your_own_model_and_data_train_on_two_tf_config_workers(tmp_path):
     assert "Epoch 3/3" in results[0].output  # a line per epoch under the launcher
 
 
+def test_the_console_script_imports_your_own_module_from_the_working_directory(tmp_path):
+    """`tfdist train --set model.name=mine:build ...` run from the folder that holds mine.py,
+    with no PYTHONPATH, trains (as `python -m` would find it)."""
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    env = {k: v for k, v in worker_env().items() if k != "PYTHONPATH"}
+    done = subprocess.run([_console_script(), "train", "--set", "model.name=mine:build",
+                           "--set", "data.name=mine:blobs", "--set", "train.epochs=1",
+                           "--set", "train.run_name=run"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "default" / "run" / "summary.json").is_file()
+
+
+def test_a_mistyped_config_file_gets_a_did_you_mean(tmp_path):
+    out = _run(["train", "--config", "configs/defualt.yaml"])
+    assert out.returncode == 2
+    assert "Did you mean configs/default.yaml?" in out.stderr
+    assert "default.yaml, dgc.yaml" in out.stderr  # the shipped configs listed
+
+
 def test_a_missing_user_function_is_named(tmp_path):
     out = _run(["train", "--set", "model.name=nowhere.models:build",
                 "--set", f"train.output_dir={tmp_path}"])

@@ -157,3 +157,25 @@ def test_a_kill_at_the_end_of_a_run_loses_nothing_and_retrains_nothing(tmp_path,
         assert summary["final_train_loss"] == pytest.approx(straight[0]["final_train_loss"])
         _same_weights(straight[1], weights)
     assert not (out / "backup").exists()
+
+
+def test_nan_policy_skip_from_the_config_trains_past_a_nan_example(tmp_path):
+    """One training example is NaN: with optimizer.nan_policy=skip the run trains its whole
+    epoch, skips the step that holds it (counted in summary.json) and ends with finite weights;
+    engines without the check refuse 'skip' before anything starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.tools.cli", "train", "--set", "model.name=mlp",
+         "--set", "data.name=tests.workers.nan_data:digits_with_a_nan", "--set",
+         "optimizer.nan_policy=skip", "--set", "train.epochs=1", "--set",
+         "data.global_batch_size=64", "--set", f"train.output_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=worker_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, weights = _finished(tmp_path)
+    assert summary["nonfinite_steps_skipped"] == 1  # one epoch: the example is in one batch
+    assert all(np.isfinite(w).all() for w in weights)
+    refused = subprocess.run(
+        [sys.executable, "-m", "tfdist.tools.cli", "train", "--set", "engine.name=hogwild",
+         "--set", "optimizer.nan_policy=skip"], capture_output=True, text=True, cwd=ROOT,
+        env=worker_env(), timeout=120)
+    assert refused.returncode == 2
+    assert "optimizer.nan_policy: 'skip' is a tfdist optimizer's check" in refused.stderr

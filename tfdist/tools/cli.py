@@ -309,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Your own `module:function` (model.name, data.name) imports
+    from the working directory, as under `python -m`."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     sys.exit(main())
 
 

@@ -325,6 +325,11 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
             errors.append(f"engine.name: 'keras_multi_worker' is plain Keras data parallelism "
                           f"(the baseline); {', '.join(extras)} need(s) a tfdist engine: use "
                           "'multi_worker'")
+    if c["optimizer"]["nan_policy"] == "skip" and engine["name"] in (
+            "parameter_server", "hogwild", "keras_multi_worker"):
+        errors.append(f"optimizer.nan_policy: 'skip' is a tfdist optimizer's check of the reduced "
+                      f"gradients; engine.name {engine['name']!r} has none: use 'raise', or an "
+                      "engine such as 'multi_worker'")
     if c["optimizer"]["loss_scale"] == "dynamic" and c["train"]["precision"] == "mixed_bfloat16":
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")
@@ -496,11 +501,24 @@ def configs_dir() -> Path:
     return here if here.is_dir() else Path(__file__).resolve().parents[2] / "configs"
 
 
+def _near_file(path: Path) -> str:
+    """' Did you mean X?' for a YAML file of a close name (in the folder given, or configs/)."""
+    candidates: dict[str, Path] = {}
+    for folder in (path.parent, configs_dir()):
+        if folder.is_dir():
+            for found in folder.glob("*.y*ml"):
+                candidates.setdefault(found.name, found)
+    near = difflib.get_close_matches(path.name, list(candidates), n=1)
+    return f" Did you mean {candidates[near[0]]}?" if near else ""
+
+
 def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
     """A YAML file's top-level mapping ({} for an empty file), or a ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{what.capitalize()} not found: {p}. Configs live in configs/.")
+        raise ConfigError(f"{what.capitalize()} not found: {p}.{_near_file(p)} The shipped "
+                          f"configs are in {configs_dir()}: "
+                          f"{', '.join(sorted(c.name for c in configs_dir().glob('*.yaml')))}.")
     if p.stat().st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{p}: {p.stat().st_size:,} bytes is not a {what} (at most "
                           f"{MAX_CONFIG_BYTES:,}).")

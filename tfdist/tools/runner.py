@@ -58,6 +58,7 @@ from tfdist.data import (
 )
 from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
+from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.ps import (
     FinishCallback,
     HogwildSGD,
@@ -395,13 +396,15 @@ def _wrap(job: Job, inner, config: dict):
         return HogwildSGD(float(inner.learning_rate))
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
-        return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"])
+        return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"],
+                                    nan_policy=opt_cfg["nan_policy"])
     offload = opt_cfg["offload"]
     if offload == "disk":
         offload = Offload("disk", opt_cfg["offload_dir"],
                           budget_bytes=int(opt_cfg["offload_budget_mb"] * 2**20))
     return ZeroOptimizer(inner, stage=opt_cfg["zero_stage"],
-                         accumulation_steps=opt_cfg["accumulation_steps"], offload=offload)
+                         accumulation_steps=opt_cfg["accumulation_steps"], offload=offload,
+                         nan_policy=opt_cfg["nan_policy"])
 
 
 def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
@@ -664,6 +667,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         "gradient_bytes_per_round": 4 * trainable,
         "compressor": compression.serialize(getattr(optimizer, "compressor", None)),
         "auto": _auto_report(optimizer),
+        # Steps skipped whole for non-finite gradients (optimizer.nan_policy: skip).
+        "nonfinite_steps_skipped": _skipped_steps(optimizer),
         "dense_bytes_per_step": dense_per_step,
         "bytes_ratio_vs_dense": (bytes_sent / max(counted_steps, 1) / dense_per_step
                                  if dense_per_step else None),
@@ -738,6 +743,15 @@ def _ps_checkpoints(config: dict[str, Any]) -> str | None:
     if not config["train"]["checkpoint_steps"]:
         return None
     return str(Path(config["train"]["output_dir"]) / BACKUP / "ps")
+
+
+def _skipped_steps(optimizer) -> int | None:
+    """Steps the optimizer skipped for non-finite gradients, where it checks them."""
+    if isinstance(optimizer, ZeroOptimizer):
+        return optimizer.skipped_steps
+    chain = chain_of(optimizer)
+    policy = chain.part(NanPolicy) if chain is not None else None
+    return policy.skipped_steps if policy is not None else None
 
 
 def _auto_report(optimizer) -> dict[str, Any] | None:

@@ -105,3 +105,32 @@ def test_horovod_arguments_are_mapped_or_refused_with_the_alternative():
     for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback",
                  "LearningRateWarmupCallback", "LearningRateScheduleCallback"):
         assert hasattr(hvd.callbacks, name)
+
+
+@needs_horovod
+@pytest.mark.multiprocess
+@pytest.mark.horovod
+def test_a_notice_to_one_horovod_rank_backs_up_every_rank_and_the_rerun_is_exact(tmp_path):
+    """Under horovodrun, SIGTERM to rank 1 while step 9 runs: both ranks back up at step 9 and
+    exit with 76; the same command again resumes there and ends with the weights of a run
+    never stopped."""
+    script = f"{ROOT}/tests/workers/horovod_preempt_worker.py"
+    straight = run_horovod([sys.executable, script, str(tmp_path / "straight"), "run"], 2, 240,
+                           env=worker_env())
+    assert straight.returncode == 0, straight.output[-3000:]
+    noticed = run_horovod([sys.executable, script, str(tmp_path / "again"), "notice"], 2, 240,
+                          env=worker_env())
+    assert "[tfdist] preempted (SIGTERM): backed up step 9" in noticed.output, \
+        noticed.output[-3000:]
+    assert noticed.returncode != 0
+    for rank in (0, 1):
+        assert sorted(p.name for p in (tmp_path / "again" / "backup" / f"process-{rank}")
+                      .iterdir()) == ["step-9"]
+    again = run_horovod([sys.executable, script, str(tmp_path / "again"), "run"], 2, 240,
+                        env=worker_env())
+    assert again.returncode == 0, again.output[-3000:]
+    for rank in (0, 1):
+        with np.load(tmp_path / "straight" / f"run-rank{rank}.npz") as a, \
+                np.load(tmp_path / "again" / f"run-rank{rank}.npz") as b:
+            for key in a.files:
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6)

@@ -146,6 +146,33 @@ def test_a_preemption_signal_backs_up_the_step_in_flight_and_the_rerun_is_exact(
     np.testing.assert_allclose(rest.history["loss"], history.history["loss"][1:], rtol=1e-5)
 
 
+def test_a_notice_during_a_backup_leaves_it_and_the_one_before_usable(mirrored, tmp_path,
+                                                                      monkeypatch):
+    """SIGTERM arrives while the periodic backup of step 8 is being written: the handler only
+    notes it, the backup completes, no second backup of the same step is made, and the run
+    exits with 76 holding the backups of steps 4 and 8; the rerun resumes at 8, exactly."""
+    straight, _ = _run(mirrored(2), OPTIMIZERS["dense"])
+    savez, sent = np.savez, []
+
+    def savez_then_notice(path, **arrays):  # the notice lands in the middle of the write
+        if "step-8" in str(path) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        savez(path, **arrays)
+
+    monkeypatch.setattr(np, "savez", savez_then_notice)
+    with pytest.raises(SystemExit) as ended:
+        _run(mirrored(2), OPTIMIZERS["dense"], tmp_path / "backup", save_freq=4,
+             preemption_signals=["SIGTERM"])
+    monkeypatch.setattr(np, "savez", savez)
+    assert sent and ended.value.code == 76
+    assert sorted(p.name for p in (tmp_path / "backup" / "process-0").iterdir()) == \
+        ["step-4", "step-8"]
+    resumed, _ = _run(mirrored(2), OPTIMIZERS["dense"], tmp_path / "backup", save_freq=4)
+    for a, b in zip(every_copy(straight), every_copy(resumed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_preemption_signals_are_checked(tmp_path):
     backup = tfdist.callbacks.BackupAndRestore(tmp_path, preemption_signals=("TERM", 10))
     assert backup.preemption_signals == (signal.SIGTERM, signal.SIGUSR1)

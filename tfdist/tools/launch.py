@@ -297,7 +297,10 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
     """The workers whose failure stopped the job, not those that failed because of it: those
     killed by a signal, else the first to fail (and any within a second of it)."""
     failed = [r for r in results if r.returncode not in (0, None)]
-    killed = [r for r in failed if r.returncode is not None and r.returncode < 0]
+    # Killed by a signal: here (a negative status), or on a remote host, where the shell that
+    # ran it reports 128 + the signal.
+    killed = [r for r in failed if r.returncode is not None and (
+        r.returncode < 0 or 128 < r.returncode <= 128 + 64)]
     if killed or not failed:
         return killed
     first = min(r.ended_at or 0.0 for r in failed)

@@ -6,7 +6,6 @@ through the workers' standard streams; `train.output_dir` is the one shared dire
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -14,12 +13,11 @@ import subprocess
 import sys
 import time
 
-import keras
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tests.test_resume import ELASTIC_JOB, _pid_of_worker
+from tests.test_resume import ELASTIC_JOB, _final_weights, _pid_of_worker
 from tfdist.tools import emulated
 
 pytestmark = [
@@ -46,11 +44,6 @@ def _launch(cluster, hostfile, out, *extra, min_workers="2"):
             sys.executable, "-m", "tfdist.tools.cli", "train", *ELASTIC_JOB,
             "--set", f"train.output_dir={out}", *extra]
 
-
-def _final(out):
-    (summary,) = out.glob("*/summary.json")
-    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
-    return json.loads(summary.read_text()), model.get_weights()
 
 
 def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(hosts):
@@ -85,8 +78,8 @@ def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(host
     assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers" in err
     assert "the job grows from 2 to 3 workers at its next backup" in err
     assert "[launch] elastic: resizing from 2 to 3 workers" in err
-    summary, weights = _final(out)
-    reference_summary, reference = _final(straight_out)
+    summary, weights = _final_weights(out)
+    reference_summary, reference = _final_weights(straight_out)
     assert summary["world_size"] == reference_summary["world_size"] == 3
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
     for a, b in zip(reference, weights, strict=True):

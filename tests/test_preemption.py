@@ -5,19 +5,17 @@ command again resumes there and ends with the weights of a run never stopped."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
-import keras
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tests.test_resume import _pid_of_worker
+from tests.test_resume import _final_weights, _pid_of_worker
 from tfdist.tools import launch
 
 pytestmark = pytest.mark.multiprocess
@@ -41,11 +39,6 @@ def _command(out, name):
             "--set", f"train.output_dir={out}"]
 
 
-def _final(out):
-    (summary,) = out.glob("*/summary.json")
-    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
-    return json.loads(summary.read_text()), model.get_weights()
-
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
@@ -58,7 +51,7 @@ def straight(tmp_path_factory):
         done = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
                               env=worker_env(), timeout=450)
         assert done.returncode == 0, done.stderr[-3000:]
-        runs[name] = _final(out)
+        runs[name] = _final_weights(out)
     return runs
 
 
@@ -106,7 +99,7 @@ def test_a_notice_to_one_worker_backs_up_every_worker_at_one_step_and_the_rerun_
     again = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
                            env=worker_env(), timeout=450)
     assert again.returncode == 0, again.stderr[-3000:]
-    summary, weights = _final(out)
+    summary, weights = _final_weights(out)
     reference_summary, reference = straight[name]
     assert summary["resumed_from_step"] == step
     # Every epoch trained on its 12 steps' examples once, across the two runs.

@@ -4,17 +4,16 @@ environment, and a preemption notice that becomes a backup, a requeue and an exa
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 
-import keras
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
 from tests.slurm_cluster import Slurm, missing
+from tests.test_resume import _final_weights
 from tfdist.tools import emulated
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(missing() is not None,
@@ -43,11 +42,6 @@ def _sbatch(slurm: Slurm, name: str) -> tuple[int, object]:
     return job, out
 
 
-def _final(out):
-    (summary,) = out.glob("*/summary.json")
-    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
-    return json.loads(summary.read_text()), model.get_weights()
-
 
 @pytest.fixture(scope="module")
 def straight(slurm):
@@ -58,7 +52,7 @@ def straight(slurm):
     state = slurm.wait(job)
     log = (slurm.shared / f"straight-{job}.out").read_text()
     assert state == "COMPLETED", log[-4000:]
-    return (*_final(out), log)
+    return (*_final_weights(out), log)
 
 
 def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slurm, straight,
@@ -72,7 +66,7 @@ def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slur
          f"train.output_dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True,
         text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    _, expected = _final(tmp_path)
+    _, expected = _final_weights(tmp_path)
     for a, b in zip(expected, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
@@ -104,7 +98,7 @@ def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, stra
     assert "[tfdist] preempted (SIGTERM): backed up step" in text
     assert f"[tfdist] requeued SLURM job {job}" in text
     assert "(restart 1) on host[0-1]" in text
-    summary, weights = _final(out)
+    summary, weights = _final_weights(out)
     reference_summary, reference, _ = straight
     assert summary["resumed_from_step"] >= 12
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]

@@ -247,7 +247,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                         and int(index) >= self._engine.process_count:
                     doomed.append(os.path.join(self.directory, name))
         for path in doomed:
-            _remove(path)
+            remove_folder(path)
         with contextlib.suppress(OSError):
             os.rmdir(self.directory)  # the last process out removes the directory
 
@@ -407,7 +407,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                           "space (or choose another directory) and run again to resume.") from e
         self.last_saved = step
         for old in self._complete()[:-self.keep]:
-            _remove(os.path.join(self._process_dir, f"{PREFIX}{old}"))
+            remove_folder(os.path.join(self._process_dir, f"{PREFIX}{old}"))
 
     # -- restoring ---------------------------------------------------------------------------------
     def _complete(self, directory: str | None = None) -> list[int]:
@@ -610,9 +610,10 @@ def _differences(saved: dict | None, now: dict | None) -> list[str]:
             for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
 
 
-def _remove(path: str) -> None:
+def remove_folder(path: str | os.PathLike) -> None:
     """Deletes a folder so that a kill midway leaves a `.removing` folder, never half a
     backup (the next start clears it)."""
+    path = os.fspath(path)
     if not os.path.isdir(path):
         return
     doomed = path + REMOVING

@@ -47,6 +47,7 @@ from tfdist.callbacks import (
     StartAt,
     StepTimer,
 )
+from tfdist.callbacks.backup import remove_folder
 from tfdist.comm import DistributeEngine, Engine, LocalEngine, ring_bytes
 from tfdist.data import (
     distribute_batches,
@@ -174,11 +175,7 @@ def clear_finished_backups(config: dict[str, Any]) -> None:
     print(f"[tfdist] removing the backups left by the finished run {finished}", file=sys.stderr,
           flush=True)
     for path in directory.glob("process-*"):
-        if path.is_dir():
-            doomed = path.with_name(path.name + ".removing")
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+        remove_folder(path)
     (directory / RUN_FILE).unlink(missing_ok=True)
 
 

@@ -124,3 +124,14 @@ def test_communication_stats_needs_a_tfdist_optimizer():
     x, y = common.load_digits()
     with pytest.raises(ValueError, match="needs a tfdist optimizer"):
         model.fit(x[:32], y[:32], verbose=0, callbacks=[CommunicationStats()])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(directory=123), r"Watchdog\(directory=123\): give a directory path"),
+    (dict(timeout=0), r"timeout"),
+])
+def test_watchdog_rejects_bad_arguments(kwargs, message):
+    from tfdist.callbacks import Watchdog
+
+    with pytest.raises((TypeError, ValueError), match=message):
+        Watchdog(**kwargs)

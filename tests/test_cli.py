@@ -362,3 +362,36 @@ def test_every_suite_draws_its_rows(tmp_path):
                        ("memory", memory)):
         path = getattr(plots, name)(rows, tmp_path / f"{name}.png")
         assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.global_batch_size=4096"], "data.global_batch_size: 4096 is larger than the training "
+                                      "set (1438 examples); use at most 1438."),
+    (["train.loss=mean_squared_eror"], "train.loss: Keras knows no loss 'mean_squared_eror' (did "
+                                       "you mean 'mean_squared_error'?)"),
+    (["train.loss=mse"], "train.loss: 'mse' compares the model's output (shape (None, 10)) with "
+                         "labels of one value per example"),
+    (["data.test_fraction=1e-6"], "data.test_fraction: 1e-06 leaves no test example"),
+])
+def test_values_known_wrong_once_the_data_is_loaded_are_one_line_errors(
+        tmp_path, capsys, overrides, message):
+    from tfdist.tools.cli import main
+
+    args = ["train", "--set", f"train.output_dir={tmp_path}", "--set", "engine.name=single"]
+    code = main([*args, *(a for o in overrides for a in ("--set", o))])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # no run directory for a job that never started
+
+
+def test_a_run_stopped_by_non_finite_gradients_says_so_in_one_line(tmp_path, capsys):
+    from tfdist.tools.cli import main
+
+    code = main(["train", "--set", f"train.output_dir={tmp_path}", "--set", "engine.name=single",
+                 "--set", "optimizer.learning_rate=1e6", "--set", "train.epochs=1",
+                 "--set", "train.verbose=0"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "tfdist train: non-finite gradients at optimizer step" in err, err
+    assert "optimizer.nan_policy=skip" in err and "Traceback" not in err

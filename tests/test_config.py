@@ -22,7 +22,8 @@ def test_the_built_in_defaults_are_the_main_job():
 def test_defaults_fill_missing_keys():
     config = validate({"train": {"epochs": 3}})
     assert config["train"]["epochs"] == 3
-    assert config["optimizer"] == defaults()["optimizer"]
+    # weight_decay null: the optimizer's own, recorded as used
+    assert config["optimizer"] == {**defaults()["optimizer"], "weight_decay": 0.0}
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -151,3 +152,40 @@ def test_missing_or_malformed_file(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train:\n  epochs: 2\n  epochs: 3\n", "Key 'epochs' is given twice (lines 2 and 3); keep one"),
+    ("model: {hidden: " + "[" * 5000 + "]" * 5000 + "}", "nested more than 32 deep"),
+    ("optimizer: {name: adam, momentum: 0.5}", "optimizer.momentum: optimizer.name 'adam' takes "
+                                               "no momentum"),
+    ("model: {name: cnn, options: {width: 3}}", "model.options: the built-in model 'cnn' takes "
+                                                "none"),
+    ("data: {name: digits, num_examples: 100}", "data.num_examples: only for data.name synthetic"),
+    ("optimizer: {zero_stage: 1, offload: disk, offload_dir: /nonexistent/state}",
+     "optimizer.offload_dir: '/nonexistent/state' is not a directory; create it"),
+    ("data: {name: synthetic, input_shape: [10000, 10000]}",
+     "data.num_examples: 4,096 examples of shape [10000, 10000] take 1,525.9 GiB"),
+    ("model: {name: mlp, hidden: [1048576, 1048576]}", "use narrower layers"),
+    ("engine: {devices: 1024}", "engine.devices: got 1024"),
+])
+def test_values_that_would_fail_or_be_ignored_later_are_refused_at_load(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value)
+    assert len(str(e.value)) < 600
+
+
+def test_numbers_written_as_python_reads_them_and_the_weight_decay_used_is_recorded():
+    # YAML 1.1 reads 1e-6 and 1.0e6 as text; they are numbers to every user
+    config = load_config(None, ["data.test_fraction=1e-1", "optimizer.learning_rate=1.0e-2"])
+    assert config["data"]["test_fraction"] == 0.1
+    assert config["optimizer"]["learning_rate"] == 0.01
+    with pytest.raises(ConfigError, match="optimizer.learning_rate: got 'fast'"):
+        load_config(None, ["optimizer.learning_rate=fast"])
+    assert load_config(None, ["optimizer.name=adamw"])["optimizer"]["weight_decay"] == 0.004
+    assert load_config(None, ["optimizer.name=adamw", "optimizer.weight_decay=0"])[
+        "optimizer"]["weight_decay"] == 0.0
+    assert load_config(None, ["optimizer.name=adam"])["optimizer"]["weight_decay"] == 0.0

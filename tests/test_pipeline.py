@@ -420,6 +420,10 @@ def test_pipeline_bad_input():
         Pipeline([[dense(2)], [dense(2)], [dense(2)]], devices=cpu_devices(2))
     with pytest.raises(ValueError, match=r"8 stages but this process has 4 devices"):
         Pipeline([[dense(2)] for _ in range(8)])
+    with pytest.raises(TypeError, match=r"give a list of stages, each a list of Keras layers"):
+        Pipeline(dense)
+    with pytest.raises(TypeError, match=r"give a list of stages, each a list of Keras layers"):
+        Pipeline([dense(2), dense(2)])
     with pytest.raises(ValueError, match=r"stage 1 has no layers"):
         Pipeline([[dense(2)], []], devices=cpu_devices(2))
     with pytest.raises(ValueError, match=r"Unknown pipeline schedule 'interleaved'"):

@@ -348,6 +348,11 @@ def test_tensor_parallel_bad_input():
         other = keras.layers.Conv2D(8, 3)
         other.build((None, 5, 5, 3))
         conv.load_from(other)
+    with pytest.raises(ValueError, match=r"ColumnParallelDense device '/gpu:7' does not exist"):
+        ColumnParallelDense(8, ["/gpu:7", "/gpu:9"])  # TensorFlow would use CPU:0 for both
+    with pytest.raises(TypeError, match=r"ParallelMultiHeadAttention\(devices='/cpu:0'\): give "
+                                        r"a list of device names"):
+        ParallelMultiHeadAttention(4, 8, devices="/cpu:0")
     with pytest.raises(ValueError, match=r"load_from got 1 layers for 2 branches"):
         ParallelBranches([keras.layers.Dense(2), keras.layers.Dense(2)],
                          devices=four).load_from(

@@ -49,14 +49,29 @@ def default_devices(count: int) -> list[str]:
     return [d.name for d in devices[:count]]
 
 
-def check_devices(devices: list[str]) -> None:
+def check_devices(devices: list[str], who: str = "Pipeline") -> None:
+    """Raises when a device of `devices` does not exist in this process (TensorFlow would place
+    its ops on CPU:0 without a word)."""
     known = {tf.DeviceSpec.from_string(d.name).to_string() for d in tf.config.list_logical_devices()}
     for device in devices:
         spec = tf.DeviceSpec.from_string(device)
         full = tf.DeviceSpec(job="localhost", replica=0, task=0).make_merged_spec(spec).to_string()
         if full not in known and spec.to_string() not in known:
-            raise ValueError(f"Pipeline device {device!r} does not exist in this process; its "
+            raise ValueError(f"{who} device {device!r} does not exist in this process; its "
                              f"devices are: {', '.join(sorted(known))}.")
+
+
+def chosen_devices(devices, default_count: int, who: str) -> list[str]:
+    """`devices` (a list of device names) checked to exist, or this process's first
+    `default_count` devices."""
+    if devices is None or (isinstance(devices, (list, tuple)) and not devices):
+        return default_devices(default_count)
+    if not isinstance(devices, (list, tuple)):
+        raise TypeError(f"{who}(devices={devices!r}): give a list of device names, e.g. "
+                        "['/gpu:0', '/gpu:1'].")
+    names = [str(d) for d in devices]
+    check_devices(names, who)
+    return names
 
 
 def place_slots(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

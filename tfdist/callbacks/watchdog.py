@@ -56,6 +56,9 @@ class Watchdog(keras.callbacks.Callback):
         super().__init__()
         self.timeout = check_number("timeout", timeout, 0, low_open=True)
         directory = directory if directory is not None else os.environ.get(HEARTBEAT_DIR_ENV)
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"Watchdog(directory={directory!r}): give a directory path (str or "
+                            "os.PathLike) that every process can write, or None.")
         self.directory = Path(directory) if directory else None
         self._exit = exit
         self._step = 0

@@ -60,6 +60,10 @@ class Pipeline(keras.layers.Layer):
     def __init__(self, stages, devices=None, num_microbatches: int = 1, schedule: str = "gpipe",
                  remat: str | bool = "except_last", **kwargs):
         super().__init__(**kwargs)
+        if not isinstance(stages, (list, tuple)) or not all(
+                isinstance(stage, (list, tuple)) for stage in stages):
+            raise TypeError(f"Pipeline(stages={stages!r}): give a list of stages, each a list of "
+                            "Keras layers, e.g. Pipeline([[Dense(64)], [Dense(10)]]).")
         stages = [list(stage) for stage in stages]
         if not stages:
             raise ValueError("Pipeline needs at least one stage.")

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfdist.devices import default_devices, on_device
+from tfdist.devices import chosen_devices, on_device
 
 __all__ = ["ParallelMultiHeadAttention"]
 
@@ -49,7 +49,7 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         self.value_dim = value_dim if value_dim is not None else key_dim
         self.use_bias = use_bias
         self.output_dim = output_shape
-        self.devices = [str(d) for d in (devices or default_devices(2))]
+        self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_jit = False  # XLA would compile every block onto one device

@@ -8,7 +8,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.devices import default_devices, on_device
+from tfdist.devices import chosen_devices, on_device
 
 __all__ = ["ParallelBranches"]
 
@@ -39,8 +39,8 @@ class ParallelBranches(keras.layers.Layer):
             raise ValueError(f"merge={merge!r} is not one of {_MERGES}.")
         available = len(tf.config.list_logical_devices("GPU")
                         or tf.config.list_logical_devices("CPU"))
-        self.devices = [str(d) for d in (devices or default_devices(
-            min(len(self.branches), available)))]
+        self.devices = chosen_devices(devices, min(len(self.branches), available),
+                                      type(self).__name__)
         self.merge = merge
         self.axis = axis
         self.supports_jit = False

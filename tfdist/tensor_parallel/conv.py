@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfdist.devices import default_devices
+from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
 __all__ = ["ParallelConv2D"]
@@ -68,7 +68,7 @@ class ParallelConv2D(keras.layers.Layer):
         self.padding = padding
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
-        self.devices = [str(d) for d in (devices or default_devices(2))]
+        self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.split = split
         self.gather_output = gather_output
         self.input_is_parallel = input_is_parallel

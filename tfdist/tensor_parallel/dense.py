@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.devices import default_devices
+from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
 __all__ = ["ColumnParallelDense", "RowParallelDense"]
@@ -29,7 +29,7 @@ class _Parallel(keras.layers.Layer):
         if not isinstance(units, int) or units < 1:
             raise ValueError(f"units must be a positive integer, got {units!r}.")
         self.units = units
-        self.devices = [str(d) for d in (devices or default_devices(2))]
+        self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.devices import default_devices
+from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.attention import ParallelMultiHeadAttention
 from tfdist.tensor_parallel.dense import ColumnParallelDense, RowParallelDense
 
@@ -52,7 +52,7 @@ class ParallelTransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads: int, key_dim: int, ff_dim: int, activation="gelu",
                  causal: bool = False, devices=None, **kwargs):
         super().__init__(**kwargs)
-        self.devices = [str(d) for d in (devices or default_devices(2))]
+        self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.num_heads, self.key_dim, self.ff_dim = num_heads, key_dim, ff_dim
         self.activation = keras.activations.get(activation)
         self.causal = causal

@@ -170,9 +170,32 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 (only the non-finite stop is said in a line)
+        stop = _non_finite_stop(e)
+        if stop is None:
+            raise
+        print(f"tfdist train: {stop}", file=sys.stderr)
+        return 1
     if "summary_path" in summary:
         _print_summary(summary)
     return 0
+
+
+def _non_finite_stop(error: Exception) -> str | None:
+    """One line for a run stopped by non-finite gradients (nan_policy 'raise'), else None."""
+    import re
+
+    text = str(error)
+    found = re.search(r"tfdist: non-finite gradients at optimizer step\]? \[?(\d+)\]?(.*?"
+                      r"\(1 = yes\):\]? \[([\d ]+)\])?", text)
+    if found is None:
+        return None
+    ranks = [i for i, flag in enumerate((found.group(3) or "").split()) if flag == "1"]
+    where = f" on rank(s) {', '.join(map(str, ranks))}" if ranks else ""
+    return (f"non-finite gradients at optimizer step {found.group(1)}{where}: stopped "
+            "(optimizer.nan_policy 'raise'). Look for inf/NaN in the data, lower "
+            "optimizer.learning_rate, or set optimizer.nan_policy=skip to skip such steps; the "
+            "backups, if any, are kept.")
 
 
 def _print_summary(s: dict) -> None:

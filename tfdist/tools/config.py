@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import os
 import re
 import signal
 from collections.abc import Callable, Sequence
@@ -45,11 +46,29 @@ def _int(rule: str, check: Callable[[int], bool], default, nullable=False,
                  lambda v: check(v) and v <= most, nullable)
 
 
+def _number(v: Any) -> float | None:
+    """`v` as a float: a number, or text that reads as one. YAML 1.1 takes `1e-6` and `1.0e6`
+    (no dot, or no sign in the exponent) for text, which Python and every user read as numbers."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(v) if isinstance(v, str) and len(v) <= 64 else None
+    except ValueError:
+        return None
+
+
 def _float(rule: str, check: Callable[[float], bool], default, nullable=False,
            most: float = 1e9) -> Field:
-    """A finite number meeting `check`, at most `most`; integers are taken as floats."""
-    return Field(default, (int, float), f"{rule} (finite, at most {most:g})",
-                 lambda v: math.isfinite(v) and check(v) and v <= most, nullable, float)
+    """A finite number meeting `check`, at most `most`; integers (and text such as '1e-6') are
+    taken as floats."""
+    def ok(v: Any) -> bool:
+        n = _number(v)
+        return n is not None and math.isfinite(n) and check(n) and n <= most
+
+    return Field(default, (int, float, str), f"{rule} (finite, at most {most:g})", ok, nullable,
+                 _number)
 
 
 SEED = _int("an integer >= 0", lambda v: v >= 0, 0, most=2**32 - 1)
@@ -85,6 +104,10 @@ ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod"
            "parameter_server", "hogwild")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+# Logical CPU devices each start thread pools of their own: 1,024 of them end in pthread_create
+# failing; no machine holds more than a few dozen accelerators.
+MAX_DEVICES = 64
+ADAMW_WEIGHT_DECAY = 0.004  # keras.optimizers.AdamW's default
 
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -119,8 +142,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "engine": {
         "name": _choice(ENGINES, "mirrored"),
-        "devices": _int("an integer >= 1 (logical CPU devices when there is no GPU)",
-                        lambda v: v >= 1, 2, most=1024),
+        "devices": _int("an integer >= 1 (this machine's devices, logical CPU devices when "
+                        "there is no GPU; more come from more workers: engine.name "
+                        "multi_worker)", lambda v: v >= 1, 2, most=MAX_DEVICES),
         "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True,
                                   most=10**7),
         # multi_worker: each step's logs averaged over the workers (Keras' way, a collective
@@ -141,8 +165,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "optimizer": {
         "name": _choice(OPTIMIZERS, "adam"),
         "learning_rate": _float("a number > 0", lambda v: v > 0, 0.002, most=1e6),
-        "momentum": _float("a number in [0, 1)", lambda v: 0 <= v < 1, 0.9),
-        "weight_decay": _float("a number >= 0", lambda v: v >= 0, 0.0, most=1.0),
+        "momentum": _float("a number in [0, 1) (sgd only)", lambda v: 0 <= v < 1, 0.9),
+        "weight_decay": _float("a number >= 0, or null (the optimizer's own: 0.004 for adamw, "
+                               "none for the others)", lambda v: v >= 0, None, nullable=True,
+                               most=1.0),
         "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1, most=2**16),
         "nan_policy": _choice(("raise", "skip"), "raise"),
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
@@ -260,13 +286,77 @@ def validate(raw: Any) -> dict[str, dict[str, Any]]:
                 continue
             config[section][key] = field.convert(value)
     if not errors:
-        errors += _cross_checks(config)
+        errors += _cross_checks(config) + _given_checks(raw, config) + _memory_checks(config)
     if errors:
         shown = [_cut(e, 400) for e in errors[:MAX_ERRORS]]
         more = len(errors) - len(shown)
         raise ConfigError("Invalid config:\n  " + "\n  ".join(shown)
                           + (f"\n  ... and {more} more" if more else ""))
+    opt = config["optimizer"]
+    if opt["weight_decay"] is None:  # recorded as used (config.yaml, the backups' job identity)
+        opt["weight_decay"] = ADAMW_WEIGHT_DECAY if opt["name"] == "adamw" else 0.0
     return config
+
+
+def _given_checks(raw: dict, c: dict[str, dict[str, Any]]) -> list[str]:
+    """Values that are valid alone but mean nothing with the rest: said, not ignored."""
+    def given(section: str, key: str) -> bool:
+        return isinstance(raw.get(section), dict) and key in raw[section]
+
+    errors = []
+    if given("optimizer", "momentum") and c["optimizer"]["momentum"] and \
+            c["optimizer"]["name"] != "sgd":
+        errors.append(f"optimizer.momentum: optimizer.name {c['optimizer']['name']!r} takes no "
+                      "momentum (adam's beta_1 plays that part); remove it, or use sgd")
+    for section, builtins in (("model", MODELS), ("data", ("digits", "synthetic"))):
+        if c[section]["options"] and c[section]["name"] in builtins:
+            errors.append(f"{section}.options: the built-in {section} {c[section]['name']!r} "
+                          f"takes none (they are the arguments of your own {section} function, "
+                          f"{section}.name 'module:function'); remove them")
+    if c["data"]["name"] != "synthetic":
+        for key in ("num_examples", "input_shape"):
+            if given("data", key):
+                errors.append(f"data.{key}: only for data.name synthetic; remove it")
+    return errors
+
+
+def _memory() -> int:
+    """This machine's physical memory in bytes (0 where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _memory_checks(c: dict[str, dict[str, Any]]) -> list[str]:
+    """Sizes that would allocate until the machine runs out of memory: the synthetic set, and the
+    Dense layers of the built-in mlp and cnn (weights, gradients and two optimizer slots, a copy
+    per device of this machine)."""
+    memory, errors = _memory(), list[str]()
+    if not memory:
+        return errors
+    data, model = c["data"], c["model"]
+    shape: list[int] | None = {"digits": [8, 8, 1], "synthetic": data["input_shape"]}.get(
+        data["name"])
+    if shape is not None and data["name"] == "synthetic":
+        need = 4 * data["num_examples"] * math.prod(shape)
+        if need > memory // 2:
+            errors.append(f"data.num_examples: {data['num_examples']:,} examples of shape "
+                          f"{shape} take {need / 2**30:,.1f} GiB, more than half of this "
+                          f"machine's {memory / 2**30:,.1f} GiB; use fewer or smaller examples")
+    if shape is not None and model["name"] in ("mlp", "cnn"):
+        features = math.prod(shape) if model["name"] == "mlp" else (
+            (shape[0] // 2) * (shape[1] // 2) * 64 if len(shape) == 3 else 0)
+        widths = [features, *model["hidden"], data["num_classes"]]
+        weights = sum(a * b for a, b in zip(widths, widths[1:]))
+        copies = c["engine"]["devices"] if c["engine"]["name"] in ("mirrored", "hogwild") else 1
+        need = 4 * weights * 4 * copies
+        if need > memory:
+            errors.append(f"model.hidden: {model['hidden']} gives {weights:,} Dense weights, "
+                          f"{need / 2**30:,.1f} GiB with gradients and optimizer state "
+                          f"({copies} cop{'y' if copies == 1 else 'ies'}), more than this "
+                          f"machine's {memory / 2**30:,.1f} GiB; use narrower layers")
+    return errors
 
 
 MAX_ERRORS = 20
@@ -400,6 +490,11 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                       "float32 or mixed_bfloat16")
     if opt["offload_dir"] is not None and opt["offload"] != "disk":
         errors.append("optimizer.offload_dir: only for optimizer.offload: disk")
+    elif opt["offload_dir"] is not None and not os.path.isdir(os.path.expanduser(
+            opt["offload_dir"])):
+        errors.append(f"optimizer.offload_dir: {opt['offload_dir']!r} is not a directory; create "
+                      "it (on a disk with room for the optimizer state), or null for a temporary "
+                      "one")
     return errors
 
 
@@ -461,16 +556,42 @@ def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:
     return errors
 
 
+MAX_DEPTH = 32  # nesting of lists and mappings; a config needs 3
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML without aliases: a config has no use for them, and an alias bomb (a few lines that
-    expand to millions of nodes) must not reach the validation or its messages."""
+    """YAML without aliases, duplicate keys or deep nesting: a config has no use for them, an
+    alias bomb (a few lines that expand to millions of nodes) must not reach the validation or its
+    messages, and of two values for one key YAML would keep the last without a word."""
+
+    _depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise ConfigError(f"YAML aliases (*name) are not allowed in a config (line "
                               f"{mark.line + 1}); write the value out.")
-        return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"Lists or mappings nested more than {MAX_DEPTH} deep (line "
+                                  f"{mark.line + 1}, column {mark.column + 1}); a config needs 3.")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"Key {key!r} is given twice (lines {seen[key]} and {line}); "
+                                  "keep one.")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -480,6 +601,8 @@ def load_yaml(text: str, where: str) -> Any:
     """`text` parsed as YAML (no aliases), or a ConfigError naming `where`."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{where} is not valid YAML: {_cut(str(e), 400)}") from None
 

@@ -13,6 +13,7 @@ or your own: `module.path:function` (see `user_function`).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import inspect
 import json
@@ -247,9 +248,15 @@ def user_function(spec: str, key: str):
     return function
 
 
-def _call(function, options: dict[str, Any], available: dict[str, Any]):
-    """`function(**options)`, plus those of `available` that its signature names."""
+def _call(function, options: dict[str, Any], available: dict[str, Any], key: str = "options"):
+    """`function(**options)`, plus those of `available` that its signature names; options it
+    does not take are refused (`key` names them)."""
     parameters = inspect.signature(function).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    unknown = sorted(set(options) - set(parameters)) if not takes_any else []
+    if unknown:
+        raise ConfigError(f"{key}: {function.__name__}() takes no {', '.join(map(repr, unknown))}; "
+                          f"it takes {', '.join(parameters) or 'nothing'}.")
     extra = {k: v for k, v in available.items() if k in parameters and k not in options}
     return function(**options, **extra)
 
@@ -301,7 +308,8 @@ def load_data(c: dict[str, Any]) -> Data:
         n_test = max(1, int(round(len(y) * d["test_fraction"])))
         return Data((x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]),
                     d["num_classes"])
-    out = _call(user_function(d["name"], "data.name"), dict(d["options"]), {"seed": d["seed"]})
+    out = _call(user_function(d["name"], "data.name"), dict(d["options"]), {"seed": d["seed"]},
+                "data.options")
     try:
         train, test = out
     except (TypeError, ValueError):
@@ -319,11 +327,46 @@ def make_model(c: dict[str, Any], data: Data) -> keras.Model:
     if m["name"] in MODELS:
         return build_model(m["name"], data.input_shape, data.num_classes or 10, m["hidden"])
     model = _call(user_function(m["name"], "model.name"), dict(m["options"]),
-                  {"input_shape": data.input_shape, "num_classes": data.num_classes})
+                  {"input_shape": data.input_shape, "num_classes": data.num_classes},
+                  "model.options")
     if not isinstance(model, keras.Model):
         raise ConfigError(f"model.name: {m['name']} must return a keras.Model; got "
                           f"{type(model).__name__}.")
     return model
+
+
+def _check_data(c: dict[str, Any], data: Data) -> None:
+    """A test set with at least one example."""
+    if data.arrays and len(data.test[1]) == 0:
+        raise ConfigError(f"data.test_fraction: {c['data']['test_fraction']:g} leaves no test "
+                          f"example of {len(data.train[1]):,}; use a larger fraction.")
+
+
+def _loss(name: str):
+    """The Keras loss `name` names, or a ConfigError with the names Keras knows."""
+    try:
+        return keras.losses.get(name)
+    except ValueError:
+        known = sorted(n for n in dir(keras.losses) if n.islower() and not n.startswith("_")
+                       and n not in ("deserialize", "get", "serialize"))
+        near = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"train.loss: Keras knows no loss {name!r}{hint}; one of "
+                          f"{', '.join(known)}.") from None
+
+
+def _check_loss(name: str, model: keras.Model, data: Data) -> None:
+    """Class labels (one integer per example) need a sparse_* loss when the model gives several
+    outputs per example: any other loss would compare shapes that differ."""
+    labels = data.train[1] if data.arrays else data.train.element_spec[1]
+    rank = np.ndim(labels) if data.arrays else len(labels.shape) + 1  # with the batch's
+    width = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
+    if rank == 1 and width not in (None, 1) and not name.startswith("sparse_"):
+        raise ConfigError(
+            f"train.loss: {name!r} compares the model's output (shape {model.output_shape}) with "
+            f"labels of one value per example, which are class labels: use "
+            f"sparse_categorical_crossentropy, or your own data with targets shaped like the "
+            "output (a regression).")
 
 
 def accuracy(model: keras.Model, batches) -> float:
@@ -411,7 +454,7 @@ def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizer
     if c["name"] == "adam":
         return keras.optimizers.Adam(learning_rate, weight_decay=wd)
     if c["name"] == "adamw":
-        return keras.optimizers.AdamW(learning_rate, weight_decay=c["weight_decay"] or 0.004)
+        return keras.optimizers.AdamW(learning_rate, weight_decay=c["weight_decay"])
     return keras.optimizers.RMSprop(learning_rate, weight_decay=wd)
 
 
@@ -512,22 +555,21 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     keras.utils.set_random_seed(config["train"]["seed"])
     keras.config.set_dtype_policy(config["train"]["precision"])
     data = load_data(config)
-    files.start(config)
-    if job.is_chief and progress:
-        print(f"run directory     {run_dir}", flush=True)
 
     opt_cfg, data_cfg = config["optimizer"], config["data"]
     accumulation = opt_cfg["accumulation_steps"]
     micro_batch = data_cfg["global_batch_size"] // accumulation
     if micro_batch % job.world_size:
-        raise ValueError(
+        raise ConfigError(
             f"data.global_batch_size / optimizer.accumulation_steps = {micro_batch} must divide by "
             f"the {job.world_size} workers/replicas: use a multiple of "
             f"{job.world_size * accumulation} for data.global_batch_size.")
     size = data.train_size
     if size is not None and micro_batch > size:
-        raise ValueError(f"data.global_batch_size ({data_cfg['global_batch_size']}) is larger "
-                         f"than the training set ({size} examples).")
+        raise ConfigError(f"data.global_batch_size: {data_cfg['global_batch_size']} is larger "
+                          f"than the training set ({size} examples); use at most {size}.")
+    _check_data(config, data)
+    _loss(config["train"]["loss"])
     scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
     warmup = opt_cfg["warmup_epochs"] > 0 and scale > 1
     lr = opt_cfg["learning_rate"] * (1 if warmup else scale)
@@ -538,16 +580,19 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         if opt_cfg["zero_stage"] == 3:  # the parameters sharded too
             model = ShardedModel(model)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
+        _check_loss(config["train"]["loss"], model, data)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
                       **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
                          else {}))
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
-
     steps = config["train"]["steps_per_epoch"] or (size // micro_batch if size else None)
     if not steps:
         raise ConfigError("train.steps_per_epoch: the training dataset's size is unknown; set "
                           "train.steps_per_epoch.")
+    files.start(config)  # the run directory appears once the job is known to be valid
+    if job.is_chief and progress:
+        print(f"run directory     {run_dir}", flush=True)
     callbacks: list[keras.callbacks.Callback] = []
     backup, start = _backup(config, run_dir, job)
     if backup is not None:

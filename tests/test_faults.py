@@ -111,6 +111,51 @@ def test_float32_nan_policy_skip_skips_the_step_on_every_replica(mirrored, compr
     assert all(np.array_equal(copies[0], copies[1]) for copies in replicas)
 
 
+def _bn_model() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Flatten()(keras.layers.ReLU()(h))
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
+
+
+def _fit_bn(strategy, x, y, steps, keep: bool):
+    with strategy.scope():
+        model = _bn_model()
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                                nan_policy="skip")
+        if keep:
+            optimizer.skip_also(model.non_trainable_variables)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+              steps_per_epoch=steps, verbose=0)
+    return [[c.numpy() for c in tfdist.comm.replica_copies(v)] for v in model.variables]
+
+
+def test_a_skipped_step_leaves_the_batchnorm_statistics_of_every_replica_as_they_were(mirrored):
+    """An inf pixel in replica 1's half of one batch: with `skip_also(non-trainable variables)`
+    every weight and every replica's BatchNorm statistics end as in a run that never had that
+    batch; without it, the forward pass has already poisoned replica 1's statistics."""
+    x, y = _poisoned_digits()
+    x[np.isnan(x)] = np.inf
+    bad = slice(BAD_STEP * BATCH, (BAD_STEP + 1) * BATCH)
+    x_clean, y_clean = np.delete(x, bad, axis=0), np.delete(y, bad, axis=0)
+    kept = _fit_bn(mirrored(2), x, y, steps=6, keep=True)
+    never = _fit_bn(mirrored(2), x_clean, y_clean, steps=5, keep=True)
+    for copies, reference in zip(kept, never):
+        for a, b in zip(copies, reference):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    poisoned = _fit_bn(mirrored(2), x, y, steps=6, keep=False)
+    assert not all(np.allclose(a, b) for copies, reference in zip(poisoned, never)
+                   for a, b in zip(copies, reference))
+
+
+def test_skip_also_needs_a_step_that_can_be_skipped():
+    with pytest.raises(ValueError, match="skip_also needs a step that can be skipped"):
+        tfdist.DistributedOptimizer(keras.optimizers.SGD()).skip_also([])
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_skips_or_stops_together(mirrored, stage):
     x, y = _poisoned_digits()

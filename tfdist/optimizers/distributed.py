@@ -34,7 +34,7 @@ from tfdist.optimizers.chain import Chain
 from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD, schedule_from_config
 from tfdist.optimizers.loss_scaling import DynamicLossScaling
-from tfdist.optimizers.nan_policy import POLICIES, NanPolicy
+from tfdist.optimizers.nan_policy import POLICIES, KeptState, NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part
 
@@ -344,6 +344,38 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("set_accumulation_steps needs a built optimizer created with "
                              "variable_accumulation=True (or accumulation_steps > 1).")
         accumulation.set_steps(steps)
+
+    def skip_also(self, variables) -> None:
+        """Makes a skipped step (non-finite gradients under `nan_policy="skip"` or dynamic loss
+        scaling) leave `variables` as they were too: pass `model.non_trainable_variables`, whose
+        BatchNorm moving statistics the forward pass has already updated from the step's
+        (non-finite) batch. Costs two copies of them per step. Call before training starts
+        (before the optimizer is built). `tfdist train` does this itself.
+
+        Example:
+            ```python
+            optimizer = tfdist.DistributedOptimizer(keras.optimizers.Adam(), nan_policy="skip")
+            optimizer.skip_also(model.non_trainable_variables)
+            ```"""
+        if self.built:
+            raise ValueError("skip_also must be called before the optimizer is built (before "
+                             "fit, or before the first apply).")
+        skipping = self._skipping_parts()
+        if not skipping:
+            raise ValueError("skip_also needs a step that can be skipped: nan_policy='skip' or "
+                             "dynamic loss scaling (loss_scale='dynamic', or mixed_float16).")
+        for part in skipping:
+            part.kept = KeptState(variables)
+
+    def _skipping_parts(self) -> list:
+        return [p for p in self.chain.parts if isinstance(p, (NanPolicy, DynamicLossScaling))
+                and (not isinstance(p, NanPolicy) or p.policy == "skip")]
+
+    @property
+    def skips_steps(self) -> bool:
+        """Whether a step with non-finite gradients is skipped (not raised): `skip_also` then
+        applies."""
+        return bool(self._skipping_parts())
 
     def average_also(self, variables) -> None:
         """Adds variables (e.g. `model.non_trainable_variables`) to local SGD's averaging.

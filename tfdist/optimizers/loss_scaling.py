@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.comm.holes import Holes
-from tfdist.optimizers.nan_policy import all_finite, zero_nonfinite
+from tfdist.optimizers.nan_policy import KeptState, all_finite, zero_nonfinite
 from tfdist.optimizers.parts import Part, on_values
 
 
@@ -22,12 +22,22 @@ class DynamicLossScaling(Part):
     """
 
     position = 0
+    kept: KeptState | None = None  # set by DistributedOptimizer.skip_also
+
+    def build(self, owner, var_list, engine) -> None:
+        if self.kept is not None:
+            self.kept.build(owner)
+        self.built = True
+
+    def variables(self) -> list:
+        return self.kept.variables_created() if self.kept is not None else []
 
     def step(self, ctx, grads, next) -> None:
         owner = ctx.owner
         scale = owner.dynamic_scale
         unscaled = [on_values(lambda x: x / tf.cast(scale, x.dtype), g) for g in grads]
         apply = ctx.apply
+        kept = self.kept if self.kept is not None and self.kept.shadows else None
 
         def apply_if_finite(reduced):
             holes = Holes(reduced)
@@ -39,10 +49,14 @@ class DynamicLossScaling(Part):
                 grow = tf.equal(count, owner.dynamic_growth_steps - 1)
                 owner.step_counter.assign(tf.where(grow, tf.zeros_like(count), count + 1))
                 owner.dynamic_scale.assign(tf.where(grow, scale * 2.0, scale))
+                if kept is not None:
+                    kept.commit()
 
             def skip_non_finite(*values):
                 owner.step_counter.assign(0)
                 owner.dynamic_scale.assign(scale * 0.5)
+                if kept is not None:
+                    kept.restore()
 
             # Per-replica tensors go through `args`, not closures (see Communicator.cond).
             ctx.comm.cond(finite, apply_finite, skip_non_finite, args=holes.values)

@@ -73,6 +73,40 @@ def own_flag(comm, grads) -> tf.Tensor:
         tf.logical_not(all_finite(grads)), tf.float32)
 
 
+class KeptState:
+    """Variables outside the optimizer's reach that a skipped step must leave as they were: the
+    model's non-trainable variables (BatchNorm's moving statistics are updated by the forward
+    pass, before the optimizer sees the gradients). Each has a shadow copy holding its value as of
+    the last applied step: an applied step refreshes the shadows, a skipped one restores from
+    them, on every replica (each replica's own copy where copies differ)."""
+
+    def __init__(self, variables):
+        self.variables = list(variables)
+        self.shadows: list = []
+
+    def build(self, owner) -> None:
+        """Creates the shadows as variables of `owner` (so backups carry them), each holding its
+        variable's value."""
+        self.shadows = []
+        for v in self.variables:
+            shadow = owner.add_variable(shape=v.shape, dtype=v.dtype, initializer="zeros",
+                                        aggregation="none",
+                                        name=f"kept_{v.name.replace('/', '_')}")
+            shadow.assign(v)
+            self.shadows.append(shadow)
+
+    def variables_created(self) -> list:
+        return list(self.shadows)
+
+    def commit(self) -> None:
+        for shadow, v in zip(self.shadows, self.variables):
+            shadow.assign(v)
+
+    def restore(self) -> None:
+        for shadow, v in zip(self.shadows, self.variables):
+            v.assign(shadow)
+
+
 class NanPolicy(Part):
     """Non-finite gradients stop training with an error (`"raise"`, the default) or skip the
     step on every worker (`"skip"`; counted in `skipped_steps`).
@@ -93,14 +127,18 @@ class NanPolicy(Part):
             raise ValueError(f"`nan_policy` must be one of {POLICIES}. Received: "
                              f"nan_policy={policy!r}")
         self.policy = policy
+        self.kept: KeptState | None = None  # set by DistributedOptimizer.skip_also
 
     def build(self, owner, var_list, engine) -> None:
         self._skipped = owner.add_variable(shape=(), dtype="int64", initializer="zeros",
                                            aggregation="none", name="nonfinite_steps_skipped")
+        if self.kept is not None and self.policy == "skip":
+            self.kept.build(owner)
         self.built = True
 
     def variables(self) -> list:
-        return [self._skipped] if self.built else []
+        kept = self.kept.variables_created() if self.kept is not None else []
+        return [self._skipped, *kept] if self.built else []
 
     @property
     def skipped_steps(self) -> int:
@@ -120,12 +158,18 @@ class NanPolicy(Part):
 
             n = len(holes.values)
 
+            kept = self.kept if self.kept is not None and self.kept.shadows else None
+
             def finite(*args):
                 apply(holes.refill(args[:n]))
+                if kept is not None:
+                    kept.commit()
 
             def non_finite(*args):  # every worker is in this branch
                 report_nonfinite(comm, policy, step, own_flag(comm, args[n:]))
                 self._skipped.assign_add(1)
+                if kept is not None:
+                    kept.restore()
 
             comm.cond(all_finite(holes.values), finite, non_finite, args=[*holes.values, *local])
 

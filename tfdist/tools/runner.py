@@ -586,6 +586,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                          else {}))
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
+        if getattr(optimizer, "skips_steps", False) and model.non_trainable_variables:
+            optimizer.skip_also(model.non_trainable_variables)  # BatchNorm statistics
     steps = config["train"]["steps_per_epoch"] or (size // micro_batch if size else None)
     if not steps:
         raise ConfigError("train.steps_per_epoch: the training dataset's size is unknown; set "

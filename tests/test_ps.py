@@ -172,6 +172,19 @@ def test_a_silent_worker_is_lost_and_the_round_goes_on_without_it(capsys):
     assert "worker 1 is back" in capsys.readouterr().out
 
 
+def test_a_lost_worker_that_comes_back_after_the_others_finished_is_told_the_job_is_over():
+    server, _ = _server(None, timeout=0.2)
+    server.push(0, 0, 1.0, _grad(1.0))
+    time.sleep(0.3)
+    assert server.ready(0)  # worker 1 declared lost
+    server.finish(0)
+    version = server.version
+    with pytest.raises(RuntimeError, match="tfdist: the job is over: worker 1 was declared lost "
+                                           "after 0.2 s of silence"):
+        server.push(1, 0, 1.0, _grad(5.0))
+    assert server.version == version and server.report()["pushes"] == 1  # nothing applied
+
+
 def test_the_flat_update_equals_the_per_variable_one_and_is_written_back():
     shapes = [(3, 4), (4,), (2, 2, 2)]
     init = [np.random.default_rng(i).normal(size=s).astype("float32") for i, s in enumerate(shapes)]
@@ -306,6 +319,28 @@ def test_the_launcher_starts_a_failed_restartable_process_again(tmp_path, capsys
     err = capsys.readouterr().err
     assert "[launch] worker 0 exited with 3; starting it again (restart 1 of 2)" in err
     assert "(restart 2 of 2)" in err and "restart 3" not in err
+
+
+def test_once_the_servers_finished_nothing_is_restarted_and_a_straggler_is_stopped(
+        capsys, monkeypatch):
+    from tfdist.tools import launch
+
+    monkeypatch.setattr(launch, "JOB_OVER_GRACE", 1.0)
+    started = time.monotonic()
+    commands = [([sys.executable, "-c", "pass"], dict(os.environ)),  # the server ends the job
+                ([sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(3)"],
+                 dict(os.environ)),  # fails after it: not started again
+                ([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ))]
+    results = launch.run_processes(commands, 60, stop_on_failure=frozenset({0}),
+                                   labels=["ps 0", "worker 0", "worker 1"],
+                                   restartable=frozenset({1, 2}), max_restarts=3,
+                                   servers=frozenset({0}))
+    assert time.monotonic() - started < 30
+    assert [r.returncode for r in results] == [0, 3, 0]
+    err = capsys.readouterr().err
+    assert "starting it again" not in err
+    assert ("[launch] worker 1: still running 1 s after the parameter servers finished the job; "
+            "stopped") in err
 
 
 # -- compressed pushes ---------------------------------------------------------------------------
@@ -453,7 +488,7 @@ def _run(command):
 
 def _summary_and_weights(out):
     (summary,) = out.glob("*/summary.json")
-    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
+    model = keras.saving.load_model(summary.parent / "model.keras")  # compiled, plain Keras
     return json.loads(summary.read_text()), model.get_weights()
 
 
@@ -528,14 +563,17 @@ def _pid_of(task_type: str, index: int, marker: str) -> int | None:
     return None
 
 
-def _kill_during_epoch_2(out, task_type, index, *sets, launch=()):
-    """Runs the 2-epoch job, SIGKILLs task (`task_type`, `index`) when the chief starts epoch 2;
-    returns the launcher's (exit code, output)."""
+def _kill_during_epoch_2(out, task_type, index, *sets, launch=(), sig=signal.SIGKILL):
+    """Runs the 2-epoch job, sends `sig` to task (`task_type`, `index`) when the chief starts
+    epoch 2 (a SIGSTOP is followed by SIGCONT once the chief has finished); returns the
+    launcher's (exit code, output, seconds from the chief's summary to the launcher's end)."""
     command = _command(out, *sets, launch=launch)
     launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     killed = threading.Event()
+    pids: list[int] = []
+    done_at: list[float] = []
 
     def watch():
         for line in launcher.stdout:
@@ -543,8 +581,13 @@ def _kill_during_epoch_2(out, task_type, index, *sets, launch=()):
             if not killed.is_set() and line.startswith("[worker 0] Epoch 2/"):
                 pid = _pid_of(task_type, index, str(out))
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
+                    pids.append(pid)
                     killed.set()
+            if line.startswith("[worker 0] test accuracy") and not done_at:  # trained, released
+                done_at.append(time.monotonic())
+                if sig == signal.SIGSTOP and pids:
+                    os.kill(pids[0], signal.SIGCONT)  # it comes back: the job is over
 
     reader = threading.Thread(target=watch, daemon=True)
     reader.start()
@@ -554,20 +597,30 @@ def _kill_during_epoch_2(out, task_type, index, *sets, launch=()):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
+    ended = time.monotonic()
     reader.join(10)
     assert killed.is_set(), "".join(lines)[-3000:]
-    return launcher.returncode, "".join(lines)
+    return launcher.returncode, "".join(lines), ended - done_at[0] if done_at else None
 
 
 @pytest.mark.multiprocess
-def test_a_killed_worker_does_not_stop_the_job(tmp_path):
-    code, output = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=1",
-                                        "--set", "engine.worker_timeout=5",
-                                        launch=["--max-restarts", "0"])
+def test_a_stopped_worker_is_lost_and_told_the_job_is_over_when_it_comes_back(tmp_path):
+    """Worker 1 is stopped (SIGSTOP) in epoch 2: the servers go on without it after 5 s and
+    finish with worker 0; continued then, its first call is answered "the job is over" and it
+    exits 0 at once: the job ends within 60 s of its last step, nothing restarted or waited on."""
+    code, output, tail = _kill_during_epoch_2(
+        tmp_path, "worker", 1, "--set", "engine.staleness=1", "--set", "engine.worker_timeout=5",
+        sig=signal.SIGSTOP)
     assert code == 0, output[-4000:]
     assert re.search(r"parameter server 0: worker 1 silent for 5 s at clock \d+: going on "
                      "without it", output), output[-4000:]
-    assert "[launch] worker 1 was killed by SIGKILL (signal 9)" in output
+    assert tail is not None and tail < 60, output[-4000:]
+    assert (re.search(r"\[worker 1\] tfdist: the job is over: worker 1 was declared lost after 5 s "
+                      r"of silence, and the other workers have finished \(update \d+\); "
+                      r"exiting\n", output) or
+            "[launch] worker 1: still running 20 s after the parameter servers finished the job"
+            in output), output[-4000:]
+    assert "starting it again" not in output
     summary, _ = _summary_and_weights(tmp_path)
     assert summary["parameter_server"]["workers_lost"] == 1
     assert summary["parameter_server"]["workers_finished"] == 1
@@ -576,7 +629,7 @@ def test_a_killed_worker_does_not_stop_the_job(tmp_path):
 @pytest.mark.multiprocess
 def test_a_killed_worker_is_started_again_and_synchronous_training_ends_as_if_never_stopped(
         jobs, tmp_path):
-    code, output = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=0")
+    code, output, _ = _kill_during_epoch_2(tmp_path, "worker", 1, "--set", "engine.staleness=0")
     assert code == 0, output[-4000:]
     assert ("[launch] worker 1 was killed by SIGKILL (signal 9); starting it again (restart 1 "
             "of 3)") in output
@@ -592,7 +645,7 @@ def test_a_killed_worker_is_started_again_and_synchronous_training_ends_as_if_ne
 def test_a_killed_parameter_server_stops_the_job_which_resumes_from_its_checkpoint(
         jobs, tmp_path):
     every = ["--set", "train.checkpoint_steps=5"]
-    code, output = _kill_during_epoch_2(tmp_path, "ps", 0, *every)
+    code, output, _ = _kill_during_epoch_2(tmp_path, "ps", 0, *every)
     assert code != 0
     assert re.search(r"parameter server 0 at 127\.0\.0\.1:\d+ failed to answer (push|ready|pull) "
                      r"\(it stopped or hangs; with checkpoints, run the job again to resume\)",

@@ -327,18 +327,6 @@ def _elastic_command(out, *extra):
             "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
 
 
-@pytest.fixture(scope="module")
-def elastic_reference(tmp_path_factory):
-    """The job on 3 workers, never stopped: (summary, weights)."""
-    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
-
-    out = tmp_path_factory.mktemp("straight")
-    straight = subprocess.run(_elastic_command(out), capture_output=True, text=True,
-                              cwd=ROOT, env=worker_env(), timeout=450)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    return _final_weights(out)
-
-
 def _assert_same_training(out, reference):
     summary, weights = _final_weights(out)
     reference_summary, reference_weights = reference

@@ -62,6 +62,10 @@ from tfdist.ps.codec import MIN_SIZE, codecs_for, decode, push_specs
 from tfdist.security import Verifier, require_secret
 
 BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
+# What a server answers a worker that comes back after being declared lost once the job has
+# finished without it (the worker then exits 0: tfdist.tools.runner).
+JOB_OVER = "tfdist: the job is over"
+LINGER_SECONDS = 15.0  # how long servers wait for lost workers to come back and hear it
 STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
 RELEASE_GRACE_SECONDS = 30.0  # how long the server waits for the chief's last pull
 
@@ -140,6 +144,7 @@ class ParameterServer:
         self._finished: set[int] = set()
         self._joined: set[int] = set()
         self._lost: set[int] = set()
+        self._told: set[int] = set()  # lost workers that came back and were told the job is over
         self._pending: list[np.ndarray] | None = None  # in the targets' layout
         self._pending_from: set[int] = set()
         self._pending_stale: list[int] = []
@@ -238,6 +243,11 @@ class ParameterServer:
         if not 0 <= worker < self.num_workers:
             raise ValueError(f"worker {worker} is not one of the {self.num_workers} workers")
         self._seen[worker] = time.monotonic()
+        if worker in self._lost and (self._released or (self._finished and not self._training())):
+            self._told.add(worker)
+            raise RuntimeError(f"{JOB_OVER}: worker {worker} was declared lost after "
+                               f"{self.worker_timeout:g} s of silence, and the other workers "
+                               f"have finished (update {self.version})")
         if worker in self._lost:
             self._lost.discard(worker)
             print(f"parameter server {self.index}: worker {worker} is back (clock "
@@ -430,6 +440,7 @@ class ParameterServer:
             done_since = time.monotonic() if done_since is None else done_since
             if released or time.monotonic() - done_since > RELEASE_GRACE_SECONDS:
                 break
+        self._linger()
         self.write_back()
         report = self.report()
         print(f"parameter server {self.index}: done, {report['version']} updates from "
@@ -441,6 +452,17 @@ class ParameterServer:
         if self.checkpoint_dir is not None:
             checkpoint.remove(self.checkpoint_dir, self.index)
         return report
+
+    def _linger(self) -> None:
+        """Serves on for up to `LINGER_SECONDS` while workers declared lost have not come back:
+        one that was only frozen (stopped, swapping) then hears that the job is over and exits
+        0, instead of failing on a server that is gone."""
+        deadline = time.monotonic() + LINGER_SECONDS
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._lost <= self._told:
+                    return
+            time.sleep(0.1)
 
     def report(self) -> dict:
         return staleness_report(self.stats()) | {

@@ -192,6 +192,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                   watch: Callable[[], None] | None = None,
                   grace: float = PREEMPTION_GRACE,
                   on_start: Callable[[int, subprocess.Popen], None] | None = None,
+                  servers: frozenset[int] = frozenset(),
                   ) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
@@ -212,8 +213,13 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
             with PREEMPTED_EXIT) before those still running are killed.
         on_start: Called with (rank, process) for every process started; with it, each
             process's standard input is a pipe the caller may write to (else /dev/null).
+        servers: The parameter servers: once every one has exited 0 the job is over; nothing is
+            started again, and a process still running (a worker declared lost that came back)
+            gets `JOB_OVER_GRACE` seconds to hear it from the servers and exit, then is stopped
+            and counted as done.
     """
     procs: list[subprocess.Popen] = []
+    over: set[int] = set()  # stopped because the servers had finished the job
     sinks: list[list[str]] = [[] for _ in commands]
     threads = []
     stopped: set[int] = set()
@@ -240,6 +246,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         return proc
 
     noticed: list[float] = []  # when preemption notices arrived
+    over_at: float | None = None  # when the last server exited 0: the job is over
     try:
         with _forwarding(procs, noticed):
             for rank in range(len(commands)):
@@ -264,9 +271,20 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                     continue
                 if failed_at is None and any(codes[i] not in (None, 0) for i in critical):
                     failed_at = time.monotonic()  # nothing is started again from now on
+                if over_at is None and servers and all(codes[i] == 0 for i in servers):
+                    over_at = time.monotonic()
+                if over_at is not None and time.monotonic() - over_at > JOB_OVER_GRACE:
+                    for i, c in enumerate(codes):
+                        if c is None:
+                            label = labels[i] if labels else f"worker {i}"
+                            print(f"[launch] {label}: still running {JOB_OVER_GRACE:g} s after "
+                                  "the parameter servers finished the job; stopped",
+                                  file=sys.stderr, flush=True)
+                            over.add(i)
+                    break
                 for i, c in enumerate(codes):
                     if c not in (None, 0) and i in restartable and restarts < max_restarts \
-                            and failed_at is None:
+                            and failed_at is None and over_at is None:
                         restarts += 1
                         label = labels[i] if labels else f"worker {i}"
                         print(f"[launch] {label} {WorkerResult(i, c, '').describe()}; starting it "
@@ -288,7 +306,8 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         for t in threads:
             t.join(5)
     return [
-        WorkerResult(i, None if i in stopped else p.returncode, "".join(sinks[i]), ended.get(i))
+        WorkerResult(i, 0 if i in over else None if i in stopped else p.returncode,
+                     "".join(sinks[i]), ended.get(i))
         for i, p in enumerate(procs)
     ]
 
@@ -308,6 +327,7 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
 
 
 DEFAULT_PORT = 23456
+JOB_OVER_GRACE = 20.0  # seconds a worker may run on after the parameter servers finished
 DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
 REQUEST_TAG = "[tfdist] elastic request "  # tfdist.callbacks.resize.REQUEST_TAG
@@ -825,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
         results = run_processes(commands, args.timeout, echo=True, labels=labels,
                                 stop_on_failure=frozenset(range(args.ps)) if args.ps else True,
                                 restartable=frozenset(range(args.ps, len(commands))),
-                                max_restarts=args.max_restarts if args.ps else 0)
+                                max_restarts=args.max_restarts if args.ps else 0,
+                                servers=frozenset(range(args.ps)))
     except CommandNotFound as e:
         print(f"[launch] {e.strerror}", file=sys.stderr)
         return 127

@@ -19,6 +19,7 @@ import inspect
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,7 @@ from tfdist.ps import (
 )
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import write_report
+from tfdist.ps.server import JOB_OVER
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
@@ -447,6 +449,16 @@ def _wrap(job: Job, inner, config: dict):
                          nan_policy=opt_cfg["nan_policy"])
 
 
+def _compile_plain(model: keras.Model, config: dict[str, Any], job: Job, lr: float) -> None:
+    """Compiles the trained `model` as model.keras carries it: with a fresh Keras optimizer of
+    the run's class and settings (not its state, which the backups hold), the run's loss and
+    metrics; plain Keras loads the file, without tfdist."""
+    scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
+    with scope:
+        model.compile(optimizer=_inner_optimizer(config["optimizer"], lr),
+                      loss=config["train"]["loss"], metrics=["accuracy"])
+
+
 def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
     wd = c["weight_decay"] or None
     if c["name"] == "sgd":
@@ -543,7 +555,19 @@ def _startup(started: float, timer: StepTimer) -> dict[str, float | None]:
 
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Trains as `config` says; returns the run summary, which the chief also writes, with the
-    model and the config, to the run directory (`summary["run_dir"]`)."""
+    model and the config, to the run directory (`summary["run_dir"]`). A parameter-server worker
+    that comes back after the job finished without it returns {"job_over": True}."""
+    try:
+        return _train(config, progress)
+    except tf.errors.OpError as e:
+        if JOB_OVER not in str(e):
+            raise
+        said = re.search(re.escape(JOB_OVER) + r".*?\(update \d+\)", str(e))
+        print(f"{said.group(0) if said else JOB_OVER}; exiting", flush=True)
+        return {"job_over": True}
+
+
+def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     started = time.time()
     job = make_job(config)
     if isinstance(job.engine, ParameterServerEngine) and job.engine.cluster.is_ps:
@@ -685,8 +709,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             unsharded, micro_batch // job.world_size, job.world_size)
         bytes_sent, rounds = per_step / accumulation * total_steps, total_steps
         calls = calls_per_step * total_steps
-    if isinstance(model, ShardedModel):  # model.keras holds the unsharded model (no optimizer)
+    if isinstance(model, ShardedModel):  # model.keras holds the unsharded model
         model = model.load_into(make_model(config, data))
+    if config["train"]["save_model"]:
+        _compile_plain(model, config, job, lr)
     model_path = files.save_model(model) if config["train"]["save_model"] else None
     _fault_point("saved_model")
     summary = {

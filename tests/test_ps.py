@@ -664,6 +664,41 @@ def test_a_killed_parameter_server_stops_the_job_which_resumes_from_its_checkpoi
     assert not (tmp_path / "backup").exists()  # the servers' checkpoints end with the job
 
 
+@pytest.mark.multiprocess
+def test_a_termination_notice_ends_every_task_with_76_and_the_rerun_is_exact(jobs, tmp_path):
+    """SIGTERM to the launcher in epoch 2 (as a scheduler's notice): it passes it on, the
+    servers and the workers exit with 76 at once, the launcher too; the same command resumes
+    from the servers' newest checkpoint and ends with the weights of the run never stopped."""
+    every = ["--set", "train.checkpoint_steps=5"]
+    launcher = subprocess.Popen(_command(tmp_path, *every), cwd=ROOT, env=worker_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    lines: list[str] = []
+    noticed_at: list[float] = []
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            lines.append(line)
+            if not noticed_at and line.startswith("[worker 0] Epoch 2/"):
+                launcher.send_signal(signal.SIGTERM)
+                noticed_at.append(time.monotonic())
+        launcher.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    output = "".join(lines)
+    assert launcher.returncode == 76, output[-4000:]
+    assert time.monotonic() - noticed_at[0] < 30  # within the grace period
+    for task in ("ps 0", "worker 0", "worker 1"):
+        assert f"[{task}] termination notice: exiting with 76" in output, output[-4000:]
+    assert "Traceback" not in output
+    output = _run(_command(tmp_path, *every)).stdout
+    assert "resumed from its checkpoint of update" in output, output[-4000:]
+    _, weights = _summary_and_weights(tmp_path)
+    for a, b in zip(jobs["sync"][1], weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
 def test_the_ps_engine_has_no_collectives_between_workers():
     engine = tfdist.ps.ParameterServerEngine(Cluster(("h:1",), ("h:2", "h:3"), "worker", 1))
     assert (engine.world_size, engine.process_index, engine.is_chief) == (2, 1, False)

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ import tfdist
 from tfdist import compression
 from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
+    PREEMPTED_EXIT,
     BackupAndRestore,
     BackupError,
     CommunicationStats,
@@ -560,6 +562,8 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     try:
         return _train(config, progress)
     except tf.errors.OpError as e:
+        if _NOTICED.is_set():  # a parameter-server task that ended after a notice
+            raise SystemExit(_preempted_ps()) from None
         if JOB_OVER not in str(e):
             raise
         said = re.search(re.escape(JOB_OVER) + r".*?\(update \d+\)", str(e))
@@ -641,6 +645,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     elif job.name == "parameter_server":
         # Joins the servers now: a worker started again, or a job resumed from the servers'
         # checkpoints, goes on at the step the servers hold for this worker.
+        _on_notice(config, raising=False)
+        callbacks.append(_StopOnNotice())
         start = optimizer.join(model.trainable_variables)
         directory = _ps_checkpoints(config)
         own = (WorkerCheckpoint(directory, config["train"]["checkpoint_steps"], job.rank)
@@ -791,21 +797,71 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     opt_cfg = config["optimizer"]
     scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
     every = config["train"]["checkpoint_steps"]
-    report = serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
-                   staleness=config["engine"]["staleness"], cluster=cluster,
-                   worker_timeout=config["engine"]["worker_timeout"],
-                   scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"],
-                   delay_compensation=config["engine"]["delay_compensation"],
-                   compressor=make_compressor(config["compression"]),
-                   min_compress_size=config["compression"]["min_size"],
-                   compress_1d=config["compression"]["compress_1d"],
-                   checkpoint_dir=_ps_checkpoints(config), checkpoint_every=every)
+    _on_notice(config, raising=True)
+    try:
+        report = _serve_until_done(model, config, cluster, scale, every)
+    except _Notice:
+        raise SystemExit(_preempted_ps()) from None
     if every:  # the last task out removes train.output_dir/backup
         with contextlib.suppress(OSError):
             (Path(config["train"]["output_dir"]) / BACKUP).rmdir()
     keras.config.set_dtype_policy("float32")
     return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
             **report}
+
+
+def _serve_until_done(model, config, cluster, scale, every) -> dict:
+    """`tfdist.ps.serve` with the config's settings; returns the servers' report."""
+    opt_cfg = config["optimizer"]
+    return serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
+                 staleness=config["engine"]["staleness"], cluster=cluster,
+                 worker_timeout=config["engine"]["worker_timeout"],
+                 scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"],
+                 delay_compensation=config["engine"]["delay_compensation"],
+                 compressor=make_compressor(config["compression"]),
+                 min_compress_size=config["compression"]["min_size"],
+                 compress_1d=config["compression"]["compress_1d"],
+                 checkpoint_dir=_ps_checkpoints(config), checkpoint_every=every)
+
+
+class _Notice(Exception):
+    """A termination notice reached a parameter-server task."""
+
+
+_NOTICED = threading.Event()
+
+
+def _on_notice(config: dict[str, Any], raising: bool) -> None:
+    """A parameter-server task's answer to train.preemption_signals (with checkpoints): the
+    process ends with PREEMPTED_EXIT and the same command resumes from the servers' newest
+    checkpoint (the servers hold the training state, so there is no backup to write at the
+    step in flight). A server raises `_Notice` out of its serving loop; a worker stops at the
+    end of its step in flight (`_StopOnNotice`), or when its next call finds the servers gone."""
+    if not config["train"]["checkpoint_steps"]:
+        return
+
+    def noticed(signum, frame):
+        _NOTICED.set()
+        if raising:
+            raise _Notice(signal.Signals(signum).name)
+
+    for name in config["train"]["preemption_signals"]:
+        signal.signal(getattr(signal, name), noticed)
+
+
+def _preempted_ps() -> int:
+    print(f"termination notice: exiting with {PREEMPTED_EXIT}; the same command resumes from the "
+          "parameter servers' newest checkpoint", flush=True)
+    return PREEMPTED_EXIT
+
+
+class _StopOnNotice(keras.callbacks.Callback):
+    """Ends a parameter-server worker after its step in flight once a notice arrived, without
+    telling the servers it finished (it has not: the job resumes)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if _NOTICED.is_set():
+            raise SystemExit(_preempted_ps())
 
 
 def _ps_checkpoints(config: dict[str, Any]) -> str | None:

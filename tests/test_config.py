@@ -189,3 +189,15 @@ def test_numbers_written_as_python_reads_them_and_the_weight_decay_used_is_recor
     assert load_config(None, ["optimizer.name=adamw", "optimizer.weight_decay=0"])[
         "optimizer"]["weight_decay"] == 0.0
     assert load_config(None, ["optimizer.name=adam"])["optimizer"]["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_a_runs_config_yaml_loads_back_to_the_same_config(path, tmp_path):
+    """config.yaml in a run directory lists every key, defaults included: given back with
+    --config (a bench does this for every run), it is the same config, refused nowhere."""
+    import yaml
+
+    config = load_config(path)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert load_config(saved) == config

@@ -301,7 +301,9 @@ def validate(raw: Any) -> dict[str, dict[str, Any]]:
 def _given_checks(raw: dict, c: dict[str, dict[str, Any]]) -> list[str]:
     """Values that are valid alone but mean nothing with the rest: said, not ignored."""
     def given(section: str, key: str) -> bool:
-        return isinstance(raw.get(section), dict) and key in raw[section]
+        """Set, to another value than the default (a run's config.yaml lists every key)."""
+        return isinstance(raw.get(section), dict) and key in raw[section] and \
+            c[section][key] != SCHEMA[section][key].default
 
     errors = []
     if given("optimizer", "momentum") and c["optimizer"]["momentum"] and \

@@ -605,10 +605,10 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
     with scope:
         model = make_model(config, data)
+        _check_loss(config["train"]["loss"], model, data)
         if opt_cfg["zero_stage"] == 3:  # the parameters sharded too
             model = ShardedModel(model)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
-        _check_loss(config["train"]["loss"], model, data)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
                       **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
                          else {}))

@@ -33,10 +33,9 @@ def _scalars(run_dir):
 
 def test_train_default_config_keeps_each_run_quietly(tmp_path):
     """The main job: accuracy and bytes printed; each run in a new directory with its config,
-    summary, a model that loads after `import tfdist`, and TensorBoard scalars (loss, accuracy,
+    summary, a model that loads compiled in plain Keras, and TensorBoard scalars (loss, accuracy,
     learning rate, bytes); at most 10 lines on stderr. A name holding a finished run is refused."""
     import keras
-
 
     args = ["train", "--config", "configs/default.yaml", "--set", "train.epochs=2",
             "--set", f"train.output_dir={tmp_path}"]

@@ -364,7 +364,7 @@ def test_bench_overhead_reaches_keras_weights(tmp_path, monkeypatch):
 
 def test_every_suite_draws_its_rows(tmp_path):
     """The compression, local SGD and memory suites' plots, from rows shaped as those suites
-    write them (the suites themselves take minutes; their tables are in the README)."""
+    write them (the suites themselves take minutes; their tables are in docs/benchmarks.md)."""
     from tfdist.tools.bench import plots
 
     compression = [{"compressor": name, "ratio_vs_dense": ratio, "test_accuracy": acc}

@@ -42,9 +42,11 @@ DOC_BLOCKS = [(path.relative_to(ROOT), line, code) for path in DOCS
               for line, code in python_blocks(path)]
 
 
-def test_the_readme_has_runnable_examples():
-    assert len(BLOCKS) >= 8
-    assert all("..." not in code for _, code in BLOCKS), "placeholders left in an example"
+def test_the_readme_and_the_docs_have_runnable_examples():
+    assert len(BLOCKS) >= 1 and len(BLOCKS) + len(DOC_BLOCKS) >= 20
+    assert all("..." not in code for _, code in BLOCKS + [(line, code) for _, line, code in
+                                                          DOC_BLOCKS]), \
+        "placeholders left in an example"
 
 
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])

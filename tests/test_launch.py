@@ -25,6 +25,32 @@ def test_tf_config_describes_a_loopback_cluster():
     assert cfg["task"] == {"type": "worker", "index": 1}
 
 
+def test_the_ports_of_a_local_job_are_held_until_it_ends():
+    """host_commands chooses the ports and holds them: another process cannot bind them (nor get
+    them from port 0) while the job runs; the job's own servers do (SO_REUSEADDR, as gRPC); they
+    are let go when run_processes returns."""
+    import errno
+    import socket
+
+    from tfdist.tools import launch
+
+    commands = launch.host_commands([sys.executable, "-c", "pass"], [("127.0.0.1", 2)])
+    ports = [json.loads(env["TF_CONFIG"])["cluster"]["worker"][i].rsplit(":", 1)[1]
+             for i, (_, env) in enumerate(commands)]
+    for port in map(int, ports):
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        with socket.socket() as server:  # how the job's servers bind: SO_REUSEADDR, listening
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+    assert [r.returncode for r in run_processes(commands, 60)] == [0, 0]
+    for port in map(int, ports):
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", port))  # free again
+
+
 def test_workers_see_their_own_index():
     code = "import json, os; print('INDEX', json.loads(os.environ['TF_CONFIG'])['task']['index'])"
     results = run_tf_workers([sys.executable, "-c", code], 2, timeout=60)

@@ -103,6 +103,30 @@ class CommandNotFound(OSError):
     pass
 
 
+_HELD: list[socket.socket] = []  # the ports `held_ports` chose, until `release_ports`
+
+
+def held_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that the OS chooses on `host` and that stay held until
+    `release_ports()`: each is bound (with SO_REUSEADDR, never listening), so no other process
+    gets it from a bind to port 0 or as a connection's source port, while the job's own servers,
+    which set SO_REUSEADDR as gRPC does, bind and listen on it."""
+    ports = []
+    for _ in range(count):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        _HELD.append(s)
+        ports.append(s.getsockname()[1])
+    return ports
+
+
+def release_ports() -> None:
+    """Lets go of every port `held_ports` holds (once the processes using them have ended)."""
+    while _HELD:
+        _HELD.pop().close()
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct TCP ports that are free on `host` right now."""
     with contextlib.ExitStack() as stack:
@@ -305,6 +329,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
             _kill_group(p)
         for t in threads:
             t.join(5)
+        release_ports()
     return [
         WorkerResult(i, 0 if i in over else None if i in stopped else p.returncode,
                      "".join(sinks[i]), ended.get(i))
@@ -582,7 +607,7 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
     base = with_secret(dict(os.environ if env is None else env))
     all_local = all(is_local(h) for h, _ in hosts)
     total = sum(slots for _, slots in hosts)
-    ports = free_ports(total) if all_local else None
+    ports = held_ports(total) if all_local else None  # released when run_processes ends
     addresses: list[str] = []
     for host, slots in hosts:
         for k in range(slots):

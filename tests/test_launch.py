@@ -154,3 +154,18 @@ def test_the_workers_lost_are_the_killed_or_first_failed_not_their_peers():
                     WorkerResult(2, None, "")]
     assert [r.rank for r in lost_workers(first_failed)] == [1]
     assert lost_workers([WorkerResult(0, 0, "", 1.0), WorkerResult(1, None, "")]) == []
+
+
+def test_slurm_tasks_get_horovods_ranks_as_horovodrun_computes_them():
+    from tfdist.tools.slurm import horovod_environment, horovod_slots
+
+    slots = horovod_slots(["a:7", "a:8", "b:7", "b:8", "c:7"])
+    assert [(s["hostname"], s["rank"], s["local_rank"], s["local_size"], s["cross_rank"],
+             s["cross_size"]) for s in slots] == [
+        ("a", 0, 0, 2, 0, 3), ("a", 1, 1, 2, 0, 2), ("b", 2, 0, 2, 1, 3), ("b", 3, 1, 2, 1, 2),
+        ("c", 4, 0, 1, 2, 3)]
+    env = horovod_environment(3, ["a:7", "a:8", "b:7", "b:8", "c:7"])
+    assert env["HOROVOD_RANK"] == "3" and env["HOROVOD_SIZE"] == "5"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "a"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "507"  # task 0's port + 500
+    assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"

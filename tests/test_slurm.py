@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, horovod_available, worker_env
 from tests.slurm_cluster import Slurm, missing
 from tests.test_resume import _final_weights
 from tfdist.tools import emulated
@@ -32,10 +32,10 @@ def slurm(tmp_path_factory):
         yield cluster_slurm
 
 
-def _sbatch(slurm: Slurm, name: str) -> tuple[int, object]:
+def _sbatch(slurm: Slurm, name: str, variables: str = "") -> tuple[int, object]:
     out = slurm.shared / name
     job = int(slurm.run(0, (
-        f"cd {ROOT} && OUTPUT_DIR={out} TFDIST_PYTHON={sys.executable} PYTHONPATH={ROOT} "
+        f"cd {ROOT} && {variables} OUTPUT_DIR={out} TFDIST_PYTHON={sys.executable} PYTHONPATH={ROOT} "
         f"TF_CPP_MIN_LOG_LEVEL=2 CHECKPOINT_STEPS=1000 sbatch --parsable -N 2 "
         f"--output={slurm.shared}/{name}-%j.out launch/slurm/train.sbatch "
         f"{' '.join(JOB)}")).stdout.strip().split(";")[0])
@@ -68,6 +68,20 @@ def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slur
     assert reference.returncode == 0, reference.stderr[-3000:]
     _, expected = _final_weights(tmp_path)
     for a, b in zip(expected, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")
+def test_sbatch_runs_the_job_as_two_horovod_ranks_without_horovodrun(slurm, straight):
+    """HOROVOD=1: each task of the step is a Horovod rank over Gloo (task 0 serves the
+    rendezvous); the same weights as the TF_CONFIG workers of the straight run."""
+    job, out = _sbatch(slurm, "horovod", "HOROVOD=1")
+    state = slurm.wait(job)
+    log = (slurm.shared / f"horovod-{job}.out").read_text()
+    assert state == "COMPLETED", log[-4000:]
+    summary, weights = _final_weights(out)
+    assert summary["engine"] == "horovod" and summary["world_size"] == 2
+    for a, b in zip(straight[1], weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 

@@ -772,21 +772,59 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _horovod_slurm_task(rank: int, addresses: list[str], command: list[str],
+                        requeue: bool) -> int:
+    """`--slurm --horovod`: this task as a Horovod rank (Gloo), no horovodrun. Task 0 serves the
+    rendezvous and runs the command as its child, passing SIGTERM/SIGUSR1/SIGINT on; the others
+    become the command."""
+    from tfdist.tools.slurm import horovod_environment, serve_rendezvous
+
+    env = {**os.environ, **horovod_environment(rank, addresses)}
+    env.pop("TF_CONFIG", None)
+    if requeue:
+        env["TFDIST_REQUEUE"] = "1"
+    if rank:
+        try:
+            os.execvpe(command[0], command, env)
+        except OSError as e:
+            print(f"[launch] cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+            return 127
+    try:
+        server = serve_rendezvous(addresses)
+    except OSError as e:
+        print(f"[launch] cannot serve Horovod's rendezvous on {addresses[0]}'s node: "
+              f"{e.strerror}; pass another --port", file=sys.stderr)
+        return 1
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as e:
+        print(f"[launch] cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+    server.shutdown()
+    return code if code >= 0 else 128 - code
+
+
 def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]) -> int:
     """`--slurm`: this task's TF_CONFIG from SLURM's environment, then the command in its
     place (`tfdist.tools.slurm`)."""
     from tfdist.tools.slurm import slurm_cluster
 
-    if args.horovod or args.elastic or args.workers or args.hosts or args.hostfile:
+    if args.elastic or args.workers or args.hosts or args.hostfile:
         parser.error("--slurm takes its workers from SLURM (srun -N/-n): drop --workers, "
-                     "--hosts, --hostfile, --elastic and --horovod (run horovodrun inside the "
-                     "allocation for Horovod)")
+                     "--hosts, --hostfile and --elastic")
+    if args.horovod and args.ps:
+        parser.error("--slurm --horovod makes every task a Horovod rank: drop --ps")
     if args.ps < 0:
         parser.error(f"--ps must be >= 0. Received: {args.ps}")
     try:
         rank, addresses = slurm_cluster(ps=args.ps, port=args.port)
     except ValueError as e:
         parser.error(str(e))
+    if args.horovod:
+        return _horovod_slurm_task(rank, addresses, command, args.requeue)
     config = cluster_config(rank, addresses, args.ps)
     env = {**os.environ, "TF_CONFIG": config}
     if args.requeue:

@@ -99,3 +99,53 @@ def slurm_cluster(environ: Mapping[str, str] | None = None, ps: int = 0,
                          f"layout puts it on {placed[rank][0]} as {placed[rank][1]}: run srun "
                          "with --distribution=block (SLURM's default)")
     return rank, addresses
+
+
+def horovod_slots(addresses: list[str]) -> list[dict[str, int | str]]:
+    """Horovod's view of the tasks at `addresses` ("node:port", rank order, block by block):
+    per rank its node and its rank, local rank and cross rank with their sizes, as horovodrun
+    computes them (`HOROVOD_*` variables of a Gloo job)."""
+    nodes = [a.rsplit(":", 1)[0] for a in addresses]
+    order = list(dict.fromkeys(nodes))
+    slots: list[dict[str, int | str]] = []
+    for rank, node in enumerate(nodes):
+        local_rank = nodes[:rank].count(node)
+        peers = [n for n in order if nodes.count(n) > local_rank]  # nodes with that local rank
+        slots.append({"hostname": node, "rank": rank, "size": len(nodes),
+                      "local_rank": local_rank, "local_size": nodes.count(node),
+                      "cross_rank": peers.index(node), "cross_size": len(peers)})
+    return slots
+
+
+RENDEZVOUS_OFFSET = 500  # the rendezvous port: the step's first port + this
+
+
+def horovod_environment(rank: int, addresses: list[str]) -> dict[str, str]:
+    """The environment that makes task `rank` a Horovod rank of a Gloo job whose rendezvous
+    server (`serve_rendezvous`) runs on task 0's node; no horovodrun."""
+    slot = horovod_slots(addresses)[rank]
+    node0, port0 = addresses[0].rsplit(":", 1)
+    return {"HOROVOD_HOSTNAME": str(slot["hostname"]), "HOROVOD_RANK": str(slot["rank"]),
+            "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
+            "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+            "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
+            "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": node0,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(int(port0) + RENDEZVOUS_OFFSET),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+
+
+def serve_rendezvous(addresses: list[str]):
+    """Starts Horovod's Gloo rendezvous (the HTTP key-value store horovodrun runs) on task 0's
+    node, for the tasks at `addresses`; returns the server (`.shutdown()` when the job ends).
+    Like horovodrun's, it takes requests from any caller on the network: see the Security page."""
+    import threading
+
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    node0, port0 = addresses[0].rsplit(":", 1)
+    server = RendezvousHTTPServer((node0, int(port0) + RENDEZVOUS_OFFSET), RendezvousHandler, 0)
+    server.init([SlotInfo(**slot) for slot in horovod_slots(addresses)])
+    threading.Thread(target=server.serve_forever, name="tfdist-rendezvous", daemon=True).start()
+    return server

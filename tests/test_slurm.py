@@ -85,6 +85,28 @@ def test_sbatch_runs_the_job_as_two_horovod_ranks_without_horovodrun(slurm, stra
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_sbatch_runs_a_parameter_server_and_a_worker_as_one_device_trains(slurm, tmp_path):
+    """PS=1 on 2 nodes: the first task serves, the second trains (staleness 0, one worker): the
+    weights of the same job on one device."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+
+    job, out = _sbatch(slurm, "ps", "PS=1")
+    state = slurm.wait(job)
+    log = (slurm.shared / f"ps-{job}.out").read_text()
+    assert state == "COMPLETED", log[-4000:]
+    assert "parameter server 0: serving" in log
+    summary, weights = _final_weights(out)
+    assert summary["engine"] == "parameter_server" and summary["world_size"] == 1
+    reference = subprocess.run(
+        [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, "--set", "engine.name=single",
+         "--set", f"train.output_dir={tmp_path}"], cwd=ROOT, env=worker_env(),
+        capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    _, expected = _final_weights(tmp_path)
+    for a, b in zip(expected, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, straight):
     """`scancel --signal=TERM` mid-training: both tasks back up at one step, the chief requeues
     the job, SLURM starts it again and it resumes from that backup to the weights of the run

@@ -89,3 +89,19 @@ def _runs_as_written(tmp_path, line, code, where="README"):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=TIMEOUT)
     assert out.returncode == 0, f"{where} line {line}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+
+
+def test_the_reference_pages_are_what_the_code_generates():
+    """docs/reference/ is generated (`python -m tfdist.tools.reference docs/reference`): every
+    config key with its default and rule, every command's options; regenerate after a change."""
+    from tfdist.tools import reference
+
+    for name, text in zip(reference.PAGES, (reference.config_reference(),
+                                            reference.cli_reference())):
+        committed = (Path(ROOT) / "docs" / "reference" / name).read_text()
+        assert committed == text, f"docs/reference/{name} is stale: run python -m " \
+                                  "tfdist.tools.reference docs/reference"
+    from tfdist.tools.config import SCHEMA
+
+    keys = [f"`{s}.{k}`" for s, fields in SCHEMA.items() for k in fields]
+    assert all(key in reference.config_reference() for key in keys)

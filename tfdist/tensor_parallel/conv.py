@@ -36,8 +36,8 @@ class ParallelConv2D(keras.layers.Layer):
 
     Args:
         filters: Output channels; with `split="output"` a multiple of the number of devices.
-        kernel_size, strides, padding, dilation_rate, activation, use_bias, kernel_initializer,
-            bias_initializer: As in `keras.layers.Conv2D`.
+        kernel_size, strides, padding, dilation_rate, activation, use_bias: As in
+            `keras.layers.Conv2D`, as are `kernel_initializer` and `bias_initializer`.
         devices: The devices holding one kernel block each (default: the first two).
         split: "output" splits the filters, "input" the input channels (which must then divide).
         gather_output: With `split="output"`, False hands on the per-device blocks as a list.

@@ -410,3 +410,31 @@ def test_a_run_stopped_by_non_finite_gradients_says_so_in_one_line(tmp_path, cap
     assert code == 1
     assert "tfdist train: non-finite gradients at optimizer step" in err, err
     assert "optimizer.nan_policy=skip" in err and "Traceback" not in err
+
+
+QUIET_PROGRAM = """
+import tfdist
+import keras
+import tensorflow as tf
+
+strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+x, y = tfdist.data.load_digits()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
+                  loss="sparse_categorical_crossentropy")
+model.fit(tfdist.data.distribute(strategy, x, y, global_batch_size=64), epochs=1,
+          steps_per_epoch=5, verbose=0)
+print("trained")
+"""
+
+
+def test_a_python_program_with_tfdist_quiet_prints_nothing_on_stderr(tmp_path):
+    """TensorFlow prints 16 lines on stderr for this program (CUDA probes, oneDNN, CPU features,
+    the strategy's notes); with TFDIST_QUIET=1 before `import tfdist`, none."""
+    env = {**_user_env(), "TFDIST_QUIET": "1"}
+    out = subprocess.run([sys.executable, "-c", QUIET_PROGRAM], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "trained", out.stderr[-3000:]
+    assert out.stderr == ""

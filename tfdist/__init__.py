@@ -40,6 +40,7 @@ __all__ = [
     "devices",
     "optimizers",
     "pipeline",
+    "quiet",
     "ps",
     "tensor_parallel",
     "zero",
@@ -48,7 +49,7 @@ __all__ = [
 
 _SUBMODULES = ("averaging", "callbacks", "comm", "compression", "data", "devices", "optimizers",
                "pipeline", "ps", "tensor_parallel", "zero")
-_NAMES = {"DistributedOptimizer": "optimizers", "GradientExchange": "optimizers",
+_NAMES = {"quiet": "logs", "DistributedOptimizer": "optimizers", "GradientExchange": "optimizers",
           "ZeroOptimizer": "zero", "CompressedStrategy": "strategies",
           "LocalSGDStrategy": "strategies", "MultiWorkerCompressedStrategy": "strategies",
           "MultiWorkerLocalSGDStrategy": "strategies", "MultiWorkerMirroredStrategy": "strategies"}
@@ -90,7 +91,8 @@ def _without_stderr(fn) -> None:
 
 _arguments = _command_arguments()
 _deferred = _arguments is not None and any(a in ("-h", "--help", "--version") for a in _arguments)
-_quiet = _arguments is not None and not {"-v", "--verbose"} & set(_arguments)
+_quiet = (_arguments is not None and not {"-v", "--verbose"} & set(_arguments)) or \
+    _os.environ.get("TFDIST_QUIET") == "1"  # tfdist.logs.QUIET_ENV
 if _quiet:
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -107,3 +109,5 @@ def __getattr__(name: str):
 
 if not _deferred:
     _without_stderr(_import_library) if _quiet else _import_library()
+    if _quiet and _arguments is None:  # TFDIST_QUIET=1 in a Python program
+        globals()["quiet"]()

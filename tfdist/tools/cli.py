@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import textwrap
-import warnings
 
 COMMANDS = {
     "train": "train a model from a config (configs/*.yaml): prints the test accuracy and the "
@@ -56,8 +55,6 @@ SUITES = {
                    "bandwidth",
 }
 # Python-side messages that say nothing actionable on a CPU machine (shown with --verbose).
-HARMLESS = (r".*Using MirroredStrategy eagerly has significant overhead.*",
-            r".*Your input ran out of data.*", r".*shuffle.*")
 
 
 def _listing(items: dict[str, str]) -> str:
@@ -143,13 +140,9 @@ def quiet(verbose: bool) -> None:
     if verbose:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    for pattern in HARMLESS:
-        warnings.filterwarnings("ignore", message=pattern)
-    import absl.logging
-    import tensorflow as tf
+    from tfdist.logs import quiet as quiet_logs
 
-    absl.logging.set_verbosity(absl.logging.ERROR)
-    tf.get_logger().setLevel("ERROR")
+    quiet_logs()
 
 
 def cmd_train(args) -> int:

@@ -1,0 +1,38 @@
+"""Quiet runs: TensorFlow's and Keras' log lines and known-harmless warnings silenced.
+
+`tfdist` prints nothing of its own on stderr but errors; TensorFlow prints lines while it loads
+(C++: CUDA probes, oneDNN, CPU features) and while it runs (Python loggers, warnings). The
+`tfdist` command silences them unless `--verbose`; a Python program gets the same with
+`TFDIST_QUIET=1` in its environment (read by the first `import tfdist`, which must come before
+TensorFlow's import for the C++ lines), or with `tfdist.quiet()` for the Python-level ones.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+QUIET_ENV = "TFDIST_QUIET"
+# Warnings that say nothing about the job: tf.distribute's and tf.data's notes on what it does.
+HARMLESS = (r".*Using MirroredStrategy eagerly has significant overhead.*",
+            r".*Your input ran out of data.*", r".*shuffle.*")
+
+
+def quiet() -> None:
+    """Silences TensorFlow's Python logs (absl, `tf.get_logger()`) below ERROR and the
+    known-harmless warnings. The C++ lines TensorFlow prints while it loads need
+    `TFDIST_QUIET=1` (or `TF_CPP_MIN_LOG_LEVEL=3`) before TensorFlow's import.
+
+    Example:
+        ```python
+        import tfdist
+
+        tfdist.quiet()
+        ```
+    """
+    for pattern in HARMLESS:
+        warnings.filterwarnings("ignore", message=pattern)
+    import absl.logging
+    import tensorflow as tf
+
+    absl.logging.set_verbosity(absl.logging.ERROR)
+    tf.get_logger().setLevel("ERROR")

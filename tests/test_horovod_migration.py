@@ -93,7 +93,7 @@ def test_horovod_arguments_are_mapped_or_refused_with_the_alternative():
                                    gradient_predivide_factor=2.0, sparse_as_dense=True)
     assert isinstance(opt, tfdist.DistributedOptimizer) and opt.accumulation_steps == 3
     for kwargs, message in (
-            ({"op": hvd.Sum}, r"multiply the learning rate by hvd.size\(\)"),
+            ({"op": hvd.Sum, "local_sgd": 4}, "use op=hvd.Average with local_sgd"),
             ({"op": hvd.Adasum}, "op=hvd.Adasum is not implemented"),
             ({"backward_passes_per_step": 2}, "average_aggregated_gradients=True"),
             ({"device_dense": "/gpu:0"}, "leave them ''"),
@@ -105,6 +105,32 @@ def test_horovod_arguments_are_mapped_or_refused_with_the_alternative():
     for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback",
                  "LearningRateWarmupCallback", "LearningRateScheduleCallback"):
         assert hasattr(hvd.callbacks, name)
+
+
+def test_op_sum_hands_the_sum_of_the_replicas_gradients_to_the_optimizer(mirrored):
+    """hvd.DistributedOptimizer(SGD(lr), op=hvd.Sum) on 2 replicas: the weights of SGD(2 lr) on
+    their mean (SGD is linear in the gradient), and it survives a save and load."""
+    from tests.workers import common
+
+    x, y = common.load_digits()
+
+    def fit(optimizer):
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = common.make_model()
+            model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy")
+        model.fit(common.distribute(strategy, x, y, 64, shuffle=False), epochs=1,
+                  steps_per_epoch=6, verbose=0)
+        return model
+
+    summed = fit(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9),
+                                                  op=hvd.Sum))
+    doubled = fit(lambda: tfdist.DistributedOptimizer(keras.optimizers.SGD(0.04, momentum=0.9)))
+    for a, b in zip(doubled.get_weights(), summed.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    config = summed.optimizer.get_config()
+    again = tfdist.DistributedOptimizer.from_config(config)
+    assert [type(p).__name__ for p in again.chain.parts].count("SumOverRanks") == 1
 
 
 @needs_horovod

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfdist.comm.horovod import import_horovod
 from tfdist.optimizers import DistributedOptimizer as _DistributedOptimizer
+from tfdist.optimizers import SumOverRanks
 
 # Horovod's reduction ops (horovod.tensorflow.Average, Sum, Adasum): names here, checked below.
 Average, Sum, Adasum = "Average", "Sum", "Adasum"
@@ -41,7 +42,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     (as Horovod; tfdist's own default leaves tensors under 1,024 values dense);
     `backward_passes_per_step=k`
     -> `accumulation_steps=k` (tfdist averages the k passes' gradients, which is Horovod's
-    `average_aggregated_gradients=True`); `op=Average` -> the mean over ranks (the only op);
+    `average_aggregated_gradients=True`); `op=Average` -> the mean over ranks, `op=Sum` -> their
+    sum (`tfdist.optimizers.SumOverRanks`);
     `gradient_predivide_factor` -> the same mean (dividing before or after the sum gives the
     same average); `sparse_as_dense`, `num_groups`, `groups` -> the same result (tfdist
     exchanges an embedding's rows as rows and buckets dense gradients itself). `name`,
@@ -49,21 +51,22 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     Horovod. Any other tfdist keyword (`compressor=`, `local_sgd=`, ...) passes through.
 
     Raises:
-        ValueError: `op=Sum` or `Adasum`, `backward_passes_per_step > 1` with Horovod's default
-            `average_aggregated_gradients=False` (a sum of the passes), a process set, a device,
-            or `scale_local_gradients=False`: each message names what to use instead.
+        ValueError: `op=Adasum` (or `Sum` with local SGD), `backward_passes_per_step > 1` with
+            Horovod's default `average_aggregated_gradients=False` (a sum of the passes), a
+            process set, a device, or `scale_local_gradients=False`: each message names what to
+            use instead.
     """
     op_name = getattr(op, "__name__", op)
     op_name = {"Average": Average, "Sum": Sum, "Adasum": Adasum}.get(str(op_name), op)
-    if op_name == Sum:
-        raise ValueError("op=hvd.Sum: tfdist averages gradients over ranks (op=hvd.Average); "
-                         "for a sum, multiply the learning rate by hvd.size() instead.")
+    if op_name == Sum and tfdist_options.get("local_sgd") is not None:
+        raise ValueError("op=hvd.Sum sums the exchanged gradients; local SGD's local steps "
+                         "exchange none: use op=hvd.Average with local_sgd.")
     if op_name == Adasum:
         raise ValueError("op=hvd.Adasum is not implemented by tfdist; use op=hvd.Average "
                          "(optionally with compression or local SGD: tfdist.DistributedOptimizer"
                          "(opt, compressor=..., local_sgd=...)).")
-    if op_name != Average:
-        raise ValueError(f"`op` must be hvd.Average. Received: op={op!r}")
+    if op_name not in (Average, Sum):
+        raise ValueError(f"`op` must be hvd.Average or hvd.Sum. Received: op={op!r}")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step,
                                                                    int) \
             or backward_passes_per_step < 1:
@@ -100,7 +103,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         options.setdefault("compress_1d", True)
     if backward_passes_per_step > 1:
         options["accumulation_steps"] = backward_passes_per_step
-    return _DistributedOptimizer(optimizer, name=name, **options)
+    parts = [SumOverRanks()] if op_name == Sum else []
+    return _DistributedOptimizer(optimizer, *parts, name=name, **options)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -3,7 +3,8 @@
 * `DistributedOptimizer(inner, *parts, ...)`: the wrapper, on any engine;
 * the parts: `GradientExchange` (dense or compressed), `AutoExchange` (picked from the measured
   link), `Accumulation`, `LocalSGD`,
-  `TrackNorms`, `DynamicLossScaling` (from `loss_scale`), `NanPolicy` (from `nan_policy`);
+  `TrackNorms`, `DynamicLossScaling` (from `loss_scale`), `NanPolicy` (from `nan_policy`),
+  `SumOverRanks` (Horovod's `op=Sum`);
 * `Chain` and `chain_of(optimizer)`: the parts and counters behind any tfdist optimizer (also a
   Keras optimizer a tfdist strategy attached to).
 """
@@ -18,7 +19,9 @@ from tfdist.optimizers.loss_scaling import DynamicLossScaling
 from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part, StepContext, Traffic
+from tfdist.optimizers.sum import SumOverRanks
 
 __all__ = ["Accumulation", "AutoExchange", "Candidate", "Chain", "DistributedOptimizer", "DynamicLossScaling",
-           "GradientExchange", "LocalSGD", "NanPolicy", "Part", "StepContext", "TrackNorms",
+           "GradientExchange", "LocalSGD", "NanPolicy", "Part", "StepContext", "SumOverRanks",
+           "TrackNorms",
            "Traffic", "chain_of"]

@@ -37,13 +37,14 @@ from tfdist.optimizers.loss_scaling import DynamicLossScaling
 from tfdist.optimizers.nan_policy import POLICIES, KeptState, NanPolicy
 from tfdist.optimizers.norms import TrackNorms
 from tfdist.optimizers.parts import Part
+from tfdist.optimizers.sum import SumOverRanks
 
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
 ALGORITHMS = (None, "auto")
 # Parts saved in a model's config, by class name.
 PARTS: dict[str, type[Part]] = {cls.__name__: cls for cls in
                                 (GradientExchange, AutoExchange, Accumulation, TrackNorms,
-                                 LocalSGD)}
+                                 LocalSGD, SumOverRanks)}
 SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor",
              "min_compress_size", "compress_1d", "compression_start_step", "batched",
              "bucket_bytes", "track_norms", "local_sgd", "slowmo", "sma", "outer",

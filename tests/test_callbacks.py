@@ -135,3 +135,51 @@ def test_watchdog_rejects_bad_arguments(kwargs, message):
 
     with pytest.raises((TypeError, ValueError), match=message):
         Watchdog(**kwargs)
+
+
+def _lazy_or_built(lazy: bool) -> keras.Model:
+    keras.utils.set_random_seed(7)
+    layers = [keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
+              keras.layers.Dense(10, activation="softmax")]
+    return keras.Sequential(layers if lazy else [keras.Input((8, 8, 1)), *layers])
+
+
+@pytest.mark.parametrize("kind", ["compressed", "local_sgd", "zero"])
+def test_a_model_built_at_its_first_batch_trains_with_every_callback_as_a_built_one(
+        mirrored, tmp_path, kind):
+    """A Sequential without Input (built by fit's first batch, as Horovod's examples write it),
+    on 2 replicas, with tfdist's optimizers and callbacks: the weights of the same model built
+    up front."""
+    x, y = common.load_digits()
+    weights = []
+    for lazy in (True, False):
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = _lazy_or_built(lazy)
+            optimizer = {
+                "compressed": lambda: tfdist.DistributedOptimizer(
+                    keras.optimizers.SGD(0.05, momentum=0.9), min_compress_size=64,
+                    compressor=tfdist.compression.Adaptive(low=tfdist.compression.TopK(0.5),
+                                                           high=tfdist.compression.TopK(0.05))),
+                "local_sgd": lambda: tfdist.DistributedOptimizer(
+                    keras.optimizers.SGD(0.05),
+                    local_sgd=tfdist.averaging.PeriodicSchedule(2, warmup_steps=0)),
+                "zero": lambda: tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=2),
+            }[kind]()
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
+        callbacks = [
+            tfdist.callbacks.BackupAndRestore(str(tmp_path / f"{kind}-{lazy}"), save_freq=4),
+            tfdist.callbacks.CommunicationStats(), tfdist.callbacks.StepTimer(),
+            tfdist.callbacks.LearningRateWarmup(warmup_epochs=1, scale=1.5),
+            tfdist.callbacks.Watchdog(timeout=120),
+            tfdist.callbacks.ScalarLog(str(tmp_path / f"logs-{kind}-{lazy}"))]
+        if kind == "local_sgd":
+            callbacks.append(tfdist.callbacks.AveragingPeriodSchedule({1: 4}))
+        if kind == "compressed":
+            callbacks.append(tfdist.callbacks.Accordion(interval=2))
+        model.fit(common.distribute(strategy, x, y, 64, shuffle=False),
+                  epochs=2, steps_per_epoch=6, verbose=0, callbacks=callbacks)
+        weights.append(model.get_weights())
+    for a, b in zip(weights[1], weights[0], strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)

@@ -355,3 +355,42 @@ def test_custom_gradients_traced_in_the_block_are_released_with_their_graph():
     gc.collect()
     assert len(set(graph_hooks._registry()) - names) == 1
     assert graphs[1]() is None
+
+
+_KV_WORKER = """
+import json, os, sys, time
+sys.path.insert(0, os.environ["PYTHONPATH"])
+import tfdist
+from tfdist.comm import DistributeEngine
+
+strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=120)
+engine = DistributeEngine(strategy)
+store = engine.key_value_store()
+me = engine.process_index
+store.put(f"beat-{me}", json.dumps({"rank": me, "n": 1}))
+store.put(f"beat-{me}", json.dumps({"rank": me, "n": 2}))  # overwritten
+other = None
+deadline = time.monotonic() + 60
+while (other is None or json.loads(other)["n"] < 2) and time.monotonic() < deadline:
+    other = store.get(f"beat-{1 - me}")
+    time.sleep(0.1)
+print("GOT", other, "MISSING", store.get("never-set"), flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+def test_the_coordination_service_store_carries_values_between_workers(tmp_path):
+    """tfdist._hooks.coordination through tfdist.comm.kv.CoordinationStore: each of 2 TF_CONFIG
+    workers writes a key twice and reads the other's second value; an unset key reads None."""
+    import sys
+
+    from tests.conftest import worker_env
+    from tfdist.tools.launch import run_tf_workers
+
+    script = tmp_path / "kv.py"
+    script.write_text(_KV_WORKER)
+    results = run_tf_workers([sys.executable, str(script)], 2, 180, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
+    for r in results:
+        got = next(line for line in r.output.splitlines() if line.startswith("GOT"))
+        assert got == f'GOT {{"rank": {1 - r.rank}, "n": 2}} MISSING None', r.output[-2000:]

@@ -5,14 +5,17 @@ pipeline, swapping) the others wait with it; TensorFlow's multi-worker runtime n
 task through its heartbeats, Horovod 0.28 does not (its stall check only warns, and a frozen
 rank's peers wait forever). With this callback every process times its own training steps on a
 thread of its own; a step that runs longer than `timeout` seconds ends the process with
-`WATCHDOG_EXIT` and a message naming the step and, when the processes share a directory for
-heartbeats, the ranks that had not reached it (their last step and how long ago it started).
+`WATCHDOG_EXIT` and a message naming the step and the ranks that had not reached it (their
+last step and how long ago it started).
 
-Each process's watchdog thread writes the process's step and the time to `directory/rank-<r>`
-every second or so, also while the main thread waits inside a collective; a frozen or dead
-process stops writing, a slow one shows an earlier step. Without a shared directory (hosts
-without a shared file system) the message says only that this process waited. The first step,
-which traces and compiles the model, is not timed.
+Each process's watchdog thread writes the process's step and the time every second or so, also
+while the main thread waits inside a collective: through the job's own channel
+(`Engine.key_value_store()`: TensorFlow's coordination service of a multi-worker job, or the
+Gloo rendezvous store of a Horovod job), so hosts need share no file; or to `directory/rank-<r>`
+when a directory is given. A frozen or dead process stops writing, a slow one shows an earlier
+step. With neither (Horovod over MPI, no directory) the message says only that this process
+waited. The first step, which traces and compiles the model, is not timed. The times are the
+hosts' clocks: keep them in sync (NTP), as every cluster does.
 """
 
 from __future__ import annotations
@@ -38,16 +41,15 @@ class Watchdog(keras.callbacks.Callback):
 
     Args:
         timeout: Seconds a step may take (the first, tracing step is not timed).
-        directory: A directory every process can write (the launchers' shared working directory,
-            NFS): heartbeats there let the message name the ranks that are behind. Defaults to
-            $TFDIST_HEARTBEAT_DIR; None without it (the message then names no rank).
+        directory: A directory every process can write (NFS) for the heartbeats, instead of
+            the job's own store. Defaults to $TFDIST_HEARTBEAT_DIR; None without it (the
+            heartbeats then go through the job's store, where it has one).
         exit: Called with the exit code when the step times out (tests); defaults to os._exit,
             since the main thread is blocked inside the collective.
 
     Example:
         ```python
-        model.fit(ds, epochs=3, callbacks=[tfdist.callbacks.Watchdog(timeout=120,
-                                                                     directory="/shared/hb")])
+        model.fit(ds, epochs=3, callbacks=[tfdist.callbacks.Watchdog(timeout=120)])
         ```
     """
 
@@ -65,6 +67,7 @@ class Watchdog(keras.callbacks.Callback):
         self._started: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._store = None  # the job's key-value store, when there is no directory
         self.rank, self.world_size = 0, 1
 
     # -- Keras hooks -------------------------------------------------------------------------
@@ -73,6 +76,8 @@ class Watchdog(keras.callbacks.Callback):
         self.rank, self.world_size = engine.process_index, engine.process_count
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
+        elif self.world_size > 1:
+            self._store = engine.key_value_store()
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="tfdist-watchdog", daemon=True)
         self._thread.start()
@@ -80,7 +85,8 @@ class Watchdog(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         self._step += 1
         self._started = time.monotonic() if self._step > 1 else None
-        self._beat()
+        if self.directory is not None:  # a store is written by the watchdog's thread alone
+            self._beat()
 
     def on_train_batch_end(self, batch, logs=None):
         self._started = None
@@ -91,20 +97,34 @@ class Watchdog(keras.callbacks.Callback):
 
     # -- heartbeats ----------------------------------------------------------------------------
     def _beat(self) -> None:
-        if self.directory is None:
-            return
-        path = self.directory / f"rank-{self.rank}"
-        partial = path.with_suffix(".partial")
-        try:
-            partial.write_text(json.dumps({"step": self._step, "time": time.time(),
-                                           "pid": os.getpid()}))
-            partial.replace(path)
-        except OSError:  # a full or vanished directory must not stop training
+        beat = json.dumps({"step": self._step, "time": time.time(), "pid": os.getpid()})
+        try:  # a full or vanished directory, or an unreachable store, must not stop training
+            if self.directory is not None:
+                path = self.directory / f"rank-{self.rank}"
+                partial = path.with_suffix(".partial")
+                partial.write_text(beat)
+                partial.replace(path)
+            elif self._store is not None:
+                self._store.put(f"heartbeat-{self.rank}", beat)
+        except OSError:
             pass
+
+    def _read(self, rank: int) -> str | None:
+        if self.directory is not None:
+            try:
+                return (self.directory / f"rank-{rank}").read_text()
+            except OSError:
+                return None
+        return self._store.get(f"heartbeat-{rank}") if self._store is not None else None
+
+    @property
+    def _shared(self) -> bool:
+        """Whether the ranks' heartbeats reach each other (a directory or the job's store)."""
+        return self.directory is not None or self._store is not None
 
     def _others(self) -> list[str]:
         """The other ranks that are silent (frozen or dead) or behind this one."""
-        if self.directory is None:
+        if not self._shared:
             return []
         behind, now = [], time.time()
         stale = max(5.0, 5 * self._interval)
@@ -112,24 +132,25 @@ class Watchdog(keras.callbacks.Callback):
             if rank == self.rank:
                 continue
             try:
-                beat = json.loads((self.directory / f"rank-{rank}").read_text())
-            except (OSError, ValueError):
+                beat = json.loads(self._read(rank) or "")
+                step, at, pid = int(beat["step"]), float(beat["time"]), int(beat["pid"])
+            except (ValueError, TypeError, KeyError):
                 behind.append(f"rank {rank}: no heartbeat")
                 continue
-            silent = now - beat["time"]
+            silent = now - at
             if silent > stale:
-                behind.append(f"rank {rank} (pid {beat['pid']}): silent for {silent:.0f} s at "
-                              f"step {beat['step']} (frozen or dead)")
-            elif beat["step"] < self._step:
-                behind.append(f"rank {rank}: still at step {beat['step']}")
+                behind.append(f"rank {rank} (pid {pid}): silent for {silent:.0f} s at "
+                              f"step {step} (frozen or dead)")
+            elif step < self._step:
+                behind.append(f"rank {rank}: still at step {step}")
         return behind
 
     def message(self) -> str:
         behind = self._others()
-        where = (f"; {'; '.join(behind)}" if behind else
-                 "; every other rank is alive at this step" if self.directory is not None else
-                 f" (set ${HEARTBEAT_DIR_ENV} or `directory` to a directory every process "
-                 "shares to learn which rank is behind)")
+        where = ("" if self.world_size == 1 else f"; {'; '.join(behind)}" if behind else
+                 "; every other rank is alive at this step" if self._shared else
+                 f" (this job has no store the ranks share: set ${HEARTBEAT_DIR_ENV} or "
+                 "`directory` to a directory every process shares to learn which rank is behind)")
         return (f"tfdist.Watchdog: rank {self.rank} of {self.world_size}: training step "
                 f"{self._step} has run for more than {self.timeout:g} s{where}. Ending this "
                 f"process (exit code {WATCHDOG_EXIT}) instead of waiting on (with "

@@ -221,6 +221,13 @@ class DistributeEngine(Engine):
     def is_chief(self) -> bool:
         return bool(self.strategy.extended.should_checkpoint)
 
+    def key_value_store(self):
+        """TensorFlow's coordination service of a multi-worker job."""
+        from tfdist._hooks.coordination import available
+        from tfdist.comm.kv import CoordinationStore
+
+        return CoordinationStore() if self.multi_process and available() else None
+
     def local_ranks(self) -> list[int]:
         if not self.multi_process:
             return list(range(self.world_size))

@@ -75,6 +75,11 @@ class Engine(abc.ABC):
         """Whether this process writes the job's files (worker 0 / rank 0)."""
         return self.process_index == 0
 
+    def key_value_store(self):
+        """A `tfdist.comm.kv.KeyValueStore` every process of the job reaches through the job's
+        own channel, or None (one process: nothing to reach)."""
+        return None
+
     @property
     def local_devices(self) -> list[str]:
         """The devices of this process's replicas, in local order."""

@@ -127,6 +127,13 @@ class HorovodEngine(Engine):
     def process_index(self) -> int:
         return int(self._hvd.rank())
 
+    def key_value_store(self):
+        """The Gloo rendezvous' HTTP store (horovodrun's, or `tfdist.launch --slurm --horovod`'s);
+        None under MPI."""
+        from tfdist.comm.kv import RendezvousStore
+
+        return RendezvousStore.from_environment()
+
     @property
     def local_size(self) -> int:
         return int(self._hvd.local_size())

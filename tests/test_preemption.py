@@ -25,11 +25,13 @@ pytestmark = pytest.mark.multiprocess
 JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
        "--set", "train.epochs=6", "--set", "train.steps_per_epoch=12",
        "--set", "train.checkpoint_steps=1000", "--set", "data.global_batch_size=32"]
-# Local SGD's and PowerSGD's state (local models, residuals, Q) through a notice: in-process, in
-# tests/test_resume.py; here the agreement between processes and the launcher.
+# The state each one carries through a notice: the optimizer's; ZeRO's shards; local SGD's local
+# models between averaging rounds; PowerSGD's Q and error-feedback residuals.
 ALGORITHMS = {
     "dense": [],
     "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
+    "local_sgd": ["--set", "averaging.period=5"],
+    "powersgd": ["--set", "compression.name=powersgd", "--set", "compression.min_size=64"],
 }
 
 
@@ -82,7 +84,8 @@ def _preempt(out, name, target):
             os.killpg(launcher.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("name, target", [("dense", "worker 1"), ("zero2", "launcher")])
+@pytest.mark.parametrize("name, target", [("dense", "worker 1"), ("zero2", "launcher"),
+                                          ("local_sgd", "worker 0"), ("powersgd", "worker 1")])
 def test_a_notice_to_one_worker_backs_up_every_worker_at_one_step_and_the_rerun_is_exact(
         tmp_path, straight, name, target):
     out = tmp_path / "preempted"

@@ -71,6 +71,42 @@ def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slur
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, straight):
+    """`scancel --signal=TERM` mid-training: both tasks back up at one step, the chief requeues
+    the job, SLURM starts it again and it resumes from that backup to the weights of the run
+    never stopped, every epoch's examples trained on once."""
+    job, out = _sbatch(slurm, "preempted")
+    log = slurm.shared / f"preempted-{job}.out"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "Epoch 2/4" in log.read_text()):
+        assert time.monotonic() < deadline, "epoch 2 did not start in time"
+        time.sleep(0.2)
+    slurm.run(0, f"scancel --signal=TERM {job}")
+    while slurm.state(job) != ("PENDING", 1):  # requeued: SLURM holds it for about 2 minutes
+        assert time.monotonic() < deadline + 120, slurm.state(job)
+        time.sleep(0.2)
+    # SLURM holds a requeued job about 2 minutes; the test starts it as soon as its previous
+    # run has left the nodes (before that SLURM would refuse it: "Job credential revoked").
+    while slurm.run(0, "sinfo -h -o '%t'", check=False).stdout.split() != ["idle"]:
+        assert time.monotonic() < deadline + 120, "the nodes did not come back"
+        time.sleep(0.2)
+    slurm.run(0, f"scontrol update JobId={job} StartTime=now")
+    state = slurm.wait(job, timeout=600)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    assert slurm.state(job)[1] == 1, text[-4000:]  # requeued once
+    assert "[tfdist] preempted (SIGTERM): backed up step" in text
+    assert f"[tfdist] requeued SLURM job {job}" in text
+    assert "(restart 1) on host[0-1]" in text
+    summary, weights = _final_weights(out)
+    reference_summary, reference, _ = straight
+    assert summary["resumed_from_step"] >= 12
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# After the requeue test: its restart must find the nodes as a fresh allocation leaves them.
 @pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")
 def test_sbatch_runs_the_job_as_two_horovod_ranks_without_horovodrun(slurm, straight):
     """HOROVOD=1: each task of the step is a Horovod rank over Gloo (task 0 serves the
@@ -104,39 +140,4 @@ def test_sbatch_runs_a_parameter_server_and_a_worker_as_one_device_trains(slurm,
     assert reference.returncode == 0, reference.stderr[-3000:]
     _, expected = _final_weights(tmp_path)
     for a, b in zip(expected, weights, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-
-
-def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, straight):
-    """`scancel --signal=TERM` mid-training: both tasks back up at one step, the chief requeues
-    the job, SLURM starts it again and it resumes from that backup to the weights of the run
-    never stopped, every epoch's examples trained on once."""
-    job, out = _sbatch(slurm, "preempted")
-    log = slurm.shared / f"preempted-{job}.out"
-    deadline = time.monotonic() + 300
-    while not (log.exists() and "Epoch 2/4" in log.read_text()):
-        assert time.monotonic() < deadline, "epoch 2 did not start in time"
-        time.sleep(0.2)
-    slurm.run(0, f"scancel --signal=TERM {job}")
-    while slurm.state(job) != ("PENDING", 1):  # requeued: SLURM holds it for about 2 minutes
-        assert time.monotonic() < deadline + 120, slurm.state(job)
-        time.sleep(0.2)
-    # SLURM holds a requeued job about 2 minutes; the test starts it as soon as its previous
-    # run has left the nodes (before that SLURM would refuse it: "Job credential revoked").
-    while slurm.run(0, "sinfo -h -o '%t'", check=False).stdout.split() != ["idle"]:
-        assert time.monotonic() < deadline + 120, "the nodes did not come back"
-        time.sleep(0.2)
-    slurm.run(0, f"scontrol update JobId={job} StartTime=now")
-    state = slurm.wait(job, timeout=600)
-    text = log.read_text()
-    assert state == "COMPLETED", text[-4000:]
-    assert slurm.state(job)[1] == 1, text[-4000:]  # requeued once
-    assert "[tfdist] preempted (SIGTERM): backed up step" in text
-    assert f"[tfdist] requeued SLURM job {job}" in text
-    assert "(restart 1) on host[0-1]" in text
-    summary, weights = _final_weights(out)
-    reference_summary, reference, _ = straight
-    assert summary["resumed_from_step"] >= 12
-    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
-    for a, b in zip(reference, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -114,6 +114,20 @@ def test_overrides_are_yaml_values_and_validated(tmp_path):
     ("model: {hidden: [64, 100000000]}", "model.hidden: got [64, 100000000]"),
     ("a: &a [1, 2]\nb: *a", "YAML aliases (*name) are not allowed in a config (line 2)"),
     ("train: {run_name: '../x'}", "train.run_name: got '../x'"),
+    # values that would fail later (a traceback, out of memory) or be ignored
+    ("train:\n  epochs: 2\n  epochs: 3\n", "Key 'epochs' is given twice (lines 2 and 3); keep one"),
+    ("model: {hidden: " + "[" * 5000 + "]" * 5000 + "}", "nested more than 32 deep"),
+    ("optimizer: {name: adam, momentum: 0.5}", "optimizer.momentum: optimizer.name 'adam' takes "
+                                               "no momentum"),
+    ("model: {name: cnn, options: {width: 3}}", "model.options: the built-in model 'cnn' takes "
+                                                "none"),
+    ("data: {name: digits, num_examples: 100}", "data.num_examples: only for data.name synthetic"),
+    ("optimizer: {zero_stage: 1, offload: disk, offload_dir: /nonexistent/state}",
+     "optimizer.offload_dir: '/nonexistent/state' is not a directory; create it"),
+    ("data: {name: synthetic, input_shape: [10000, 10000]}",
+     "data.num_examples: 4,096 examples of shape [10000, 10000] take 1,525.9 GiB"),
+    ("model: {name: mlp, hidden: [1048576, 1048576]}", "use narrower layers"),
+    ("engine: {devices: 1024}", "engine.devices: got 1024"),
 ])
 def test_malformed_configs_are_refused_at_load(tmp_path, text, message):
     path = tmp_path / "c.yaml"
@@ -121,6 +135,7 @@ def test_malformed_configs_are_refused_at_load(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert message in str(e.value)
+    assert len(str(e.value)) < 600
 
 
 def test_refusals_stay_short_and_ints_become_floats(tmp_path):
@@ -153,29 +168,6 @@ def test_missing_or_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
 
-
-@pytest.mark.parametrize("text, message", [
-    ("train:\n  epochs: 2\n  epochs: 3\n", "Key 'epochs' is given twice (lines 2 and 3); keep one"),
-    ("model: {hidden: " + "[" * 5000 + "]" * 5000 + "}", "nested more than 32 deep"),
-    ("optimizer: {name: adam, momentum: 0.5}", "optimizer.momentum: optimizer.name 'adam' takes "
-                                               "no momentum"),
-    ("model: {name: cnn, options: {width: 3}}", "model.options: the built-in model 'cnn' takes "
-                                                "none"),
-    ("data: {name: digits, num_examples: 100}", "data.num_examples: only for data.name synthetic"),
-    ("optimizer: {zero_stage: 1, offload: disk, offload_dir: /nonexistent/state}",
-     "optimizer.offload_dir: '/nonexistent/state' is not a directory; create it"),
-    ("data: {name: synthetic, input_shape: [10000, 10000]}",
-     "data.num_examples: 4,096 examples of shape [10000, 10000] take 1,525.9 GiB"),
-    ("model: {name: mlp, hidden: [1048576, 1048576]}", "use narrower layers"),
-    ("engine: {devices: 1024}", "engine.devices: got 1024"),
-])
-def test_values_that_would_fail_or_be_ignored_later_are_refused_at_load(tmp_path, text, message):
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    assert message in str(e.value)
-    assert len(str(e.value)) < 600
 
 
 def test_numbers_written_as_python_reads_them_and_the_weight_decay_used_is_recorded():

@@ -784,11 +784,7 @@ def _horovod_slurm_task(rank: int, addresses: list[str], command: list[str],
     if requeue:
         env["TFDIST_REQUEUE"] = "1"
     if rank:
-        try:
-            os.execvpe(command[0], command, env)
-        except OSError as e:
-            print(f"[launch] cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
-            return 127
+        return _become(command, env)
     try:
         server = serve_rendezvous(addresses)
     except OSError as e:
@@ -832,6 +828,12 @@ def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]
     if args.ps and not (env.get(SECRET_ENV) or env.get(SECRET_FILE_ENV)):
         parser.error(f"--ps under SLURM: set {SECRET_ENV} in the batch script, before srun "
                      "(every task must get the same secret; see launch/slurm/train.sbatch)")
+    return _become(command, env)
+
+
+def _become(command: list[str], env: dict[str, str]) -> int:
+    """Replaces this process with `command` (a signal to the task then reaches it); 127 with
+    the reason when it cannot run."""
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:

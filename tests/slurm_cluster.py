@@ -104,6 +104,14 @@ class Slurm:
         restarts = re.search(r"Restarts=(\d+)", text)
         return (state.group(1) if state else "UNKNOWN", int(restarts.group(1)) if restarts else 0)
 
+    def logs(self, lines: int = 15) -> str:
+        """The last `lines` lines of slurmctld's and every slurmd's log, for a failure message."""
+        parts = []
+        for log in sorted(self.shared.glob("slurm*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"\n--- {log.name} ---\n" + "\n".join(tail))
+        return "".join(parts)
+
     def wait(self, job: int, timeout: float = 600) -> str:
         """Waits for `job` to end; returns its final state (COMPLETED, FAILED, ...)."""
         deadline = time.monotonic() + timeout

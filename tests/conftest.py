@@ -94,10 +94,32 @@ def elastic_reference(tmp_path_factory):
     """test_resume's elastic job on 3 workers, never stopped: (summary, weights). Shared by the
     elastic tests on this machine and on share-nothing hosts (the same computation)."""
     import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
-    from tests.test_resume import _elastic_command, _final_weights
+    from tests.jobs import final_weights
+    from tests.test_resume import _elastic_command
 
     out = tmp_path_factory.mktemp("straight")
     straight = subprocess.run(_elastic_command(out), capture_output=True, text=True,
                               cwd=ROOT, env=worker_env(), timeout=450)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    return _final_weights(out)
+    return final_weights(out)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """name -> (summary, weights) of tests/jobs.py's job with ALGORITHMS[name] on 2 local workers,
+    never stopped: each algorithm's run once per session, when a test first asks for it."""
+    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
+    from tests.jobs import final_weights, launcher_command
+
+    runs: dict[str, tuple] = {}
+
+    def run(name: str) -> tuple:
+        if name not in runs:
+            out = tmp_path_factory.mktemp(f"uninterrupted-{name}")
+            done = subprocess.run(launcher_command(out, name), capture_output=True, text=True,
+                                  cwd=ROOT, env=worker_env(), timeout=450)
+            assert done.returncode == 0, done.stderr[-3000:]
+            runs[name] = final_weights(out)
+        return runs[name]
+
+    return run

@@ -8,59 +8,22 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tests.test_resume import _final_weights, _pid_of_worker
+from tests.jobs import final_weights, launcher_command
+from tests.test_resume import _pid_of_worker
 from tfdist.tools import launch
 
 pytestmark = pytest.mark.multiprocess
 
-# 6 epochs of 12 steps of about 30 ms: the notice lands mid-training; no periodic backup is due
-# (train.checkpoint_steps 1000), so the backup found afterwards is the notice's.
-JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
-       "--set", "train.epochs=6", "--set", "train.steps_per_epoch=12",
-       "--set", "train.checkpoint_steps=1000", "--set", "data.global_batch_size=32"]
-# The state each one carries through a notice: the optimizer's; ZeRO's shards; local SGD's local
-# models between averaging rounds; PowerSGD's Q and error-feedback residuals.
-ALGORITHMS = {
-    "dense": [],
-    "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
-    "local_sgd": ["--set", "averaging.period=5"],
-    "powersgd": ["--set", "compression.name=powersgd", "--set", "compression.min_size=64"],
-}
-
-
-def _command(out, name):
-    return [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--timeout", "400", "--",
-            sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *ALGORITHMS[name],
-            "--set", f"train.output_dir={out}"]
-
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """Each algorithm's job on 2 workers, never stopped: name -> (summary, weights)."""
-    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
-
-    runs = {}
-    for name in ALGORITHMS:
-        out = tmp_path_factory.mktemp(f"straight-{name}")
-        done = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
-                              env=worker_env(), timeout=450)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[name] = _final_weights(out)
-    return runs
-
-
 def _preempt(out, name, target):
     """Starts the job; once epoch 2 runs, sends SIGTERM to `target` ("worker 0", "worker 1" or
     "launcher"); returns (launcher exit code, its stderr, seconds from the notice to the end)."""
-    launcher = subprocess.Popen(_command(out, name), cwd=ROOT, env=worker_env(),
+    launcher = subprocess.Popen(launcher_command(out, name), cwd=ROOT, env=worker_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     try:
@@ -87,7 +50,7 @@ def _preempt(out, name, target):
 @pytest.mark.parametrize("name, target", [("dense", "worker 1"), ("zero2", "launcher"),
                                           ("local_sgd", "worker 0"), ("powersgd", "worker 1")])
 def test_a_notice_to_one_worker_backs_up_every_worker_at_one_step_and_the_rerun_is_exact(
-        tmp_path, straight, name, target):
+        tmp_path, uninterrupted, name, target):
     out = tmp_path / "preempted"
     code, err, seconds = _preempt(out, name, target)
     assert code == launch.PREEMPTED_EXIT, err[-3000:]
@@ -99,11 +62,11 @@ def test_a_notice_to_one_worker_backs_up_every_worker_at_one_step_and_the_rerun_
     step = int(steps[0][0].removeprefix("step-"))
     assert 12 <= step < 72
 
-    again = subprocess.run(_command(out, name), capture_output=True, text=True, cwd=ROOT,
+    again = subprocess.run(launcher_command(out, name), capture_output=True, text=True, cwd=ROOT,
                            env=worker_env(), timeout=450)
     assert again.returncode == 0, again.stderr[-3000:]
-    summary, weights = _final_weights(out)
-    reference_summary, reference = straight[name]
+    summary, weights = final_weights(out)
+    reference_summary, reference = uninterrupted(name)
     assert summary["resumed_from_step"] == step
     # Every epoch trained on its 12 steps' examples once, across the two runs.
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 
 import tfdist
 from tests.conftest import ROOT, worker_env
+from tests.jobs import final_weights
 from tests.workers import common
 from tfdist.tools import launch
 
@@ -227,74 +227,6 @@ def test_a_full_disk_stops_training_with_the_last_backup_intact(mirrored, small_
              directory, save_freq=4, hidden=(16,))
     assert sorted(p.name for p in (directory / "process-0").iterdir()) == ["step-4"]
 
-# -- kill -9 of a 2-worker TF_CONFIG job, through `tfdist train` ----------------------------------
-JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
-       "--set", "train.epochs=3", "--set", "train.steps_per_epoch=12",
-       "--set", "train.checkpoint_steps=4", "--set", "data.global_batch_size=32"]
-JOBS = {"local_sgd": ["--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0.9",
-                      "--set", "optimizer.learning_rate=0.05", "--set", "averaging.period=3"],
-        "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
-        "zero3": ["--set", "optimizer.zero_stage=3"]}
-
-
-def _train_command(output_dir, name):
-    return [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *JOBS[name],
-            "--set", f"train.output_dir={output_dir}"]
-
-
-def _kill_when_backed_up(command, output_dir, step, timeout=240):
-    """Starts the 2 workers, SIGKILLs both once both have completed the backup of `step`."""
-    ports = launch.free_ports(2)
-    procs = [subprocess.Popen(command, env={**worker_env(), "TF_CONFIG": launch.tf_config(i, ports)},
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for i in range(2)]
-    done = [output_dir / "backup" / f"process-{i}" / f"step-{step}" / "meta.json" for i in (0, 1)]
-    deadline = time.monotonic() + timeout
-    try:
-        while not all(p.exists() for p in done):
-            assert all(p.poll() is None for p in procs), "a worker ended before the kill"
-            assert time.monotonic() < deadline, "no backup in time"
-            time.sleep(0.01)
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return [p.returncode for p in procs]
-
-
-def _final_weights(output_dir):
-    (summary,) = output_dir.glob("*/summary.json")
-    model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
-    return json.loads(summary.read_text()), model.get_weights()
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("name", list(JOBS))
-def test_kill_9_of_two_workers_then_the_same_command_equals_a_run_never_stopped(tmp_path, name):
-    """The backups every 4 steps; the kill lands a random number of steps after the backup of
-    step 8 or 16 (the steps take 30 ms); the same command again resumes the run in its own
-    directory and ends with the uninterrupted run's weights."""
-    import tests.workers.slow_model  # noqa: F401 (registers the layer for loading)
-
-    straight = launch.run_tf_workers(_train_command(tmp_path / "straight", name), 2, 300,
-                                     env=worker_env())
-    assert [r.returncode for r in straight] == [0, 0], straight[0].output[-3000:]
-    killed_at = random.choice([8, 16])
-    codes = _kill_when_backed_up(_train_command(tmp_path / "resumed", name), tmp_path / "resumed",
-                                 killed_at)
-    assert codes == [-signal.SIGKILL] * 2
-    again = launch.run_tf_workers(_train_command(tmp_path / "resumed", name), 2, 300,
-                                  env=worker_env())
-    assert [r.returncode for r in again] == [0, 0], again[0].output[-3000:]
-    summary, resumed = _final_weights(tmp_path / "resumed")
-    _, reference = _final_weights(tmp_path / "straight")
-    assert summary["resumed_from_step"] >= killed_at
-    for a, b in zip(reference, resumed, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert not (tmp_path / "resumed" / "backup").exists()
-
-
 # -- elastic: 3 workers, one SIGKILLed, the launcher finishes on 2 ----------------------------------
 def _pid_of_worker(marker: str, index: int) -> int | None:
     """The pid of the TF_CONFIG worker `index` whose command line holds `marker`."""
@@ -328,7 +260,7 @@ def _elastic_command(out, *extra):
 
 
 def _assert_same_training(out, reference):
-    summary, weights = _final_weights(out)
+    summary, weights = final_weights(out)
     reference_summary, reference_weights = reference
     assert reference_summary["world_size"] == 3
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, horovod_available, worker_env
+from tests.jobs import final_weights
 from tests.slurm_cluster import Slurm, missing
-from tests.test_resume import _final_weights
 from tfdist.tools import emulated
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(missing() is not None,
@@ -52,7 +52,7 @@ def straight(slurm):
     state = slurm.wait(job)
     log = (slurm.shared / f"straight-{job}.out").read_text()
     assert state == "COMPLETED", log[-4000:] + slurm.logs()
-    return (*_final_weights(out), log)
+    return (*final_weights(out), log)
 
 
 def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slurm, straight,
@@ -66,7 +66,7 @@ def test_sbatch_trains_the_job_on_two_nodes_as_mirrored_does_on_two_devices(slur
          f"train.output_dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True,
         text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    _, expected = _final_weights(tmp_path)
+    _, expected = final_weights(tmp_path)
     for a, b in zip(expected, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
@@ -101,7 +101,7 @@ def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, stra
     assert "[tfdist] preempted (SIGTERM): backed up step" in text
     assert f"[tfdist] requeued SLURM job {job}" in text
     assert "(restart 1) on host[0-1]" in text
-    summary, weights = _final_weights(out)
+    summary, weights = final_weights(out)
     reference_summary, reference, _ = straight
     assert summary["resumed_from_step"] >= 12
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
@@ -117,7 +117,7 @@ def test_sbatch_runs_the_job_as_two_horovod_ranks_without_horovodrun(slurm, stra
     state = slurm.wait(job)
     log = (slurm.shared / f"horovod-{job}.out").read_text()
     assert state == "COMPLETED", log[-4000:] + slurm.logs()
-    summary, weights = _final_weights(out)
+    summary, weights = final_weights(out)
     assert summary["engine"] == "horovod" and summary["world_size"] == 2
     for a, b in zip(straight[1], weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
@@ -133,13 +133,13 @@ def test_sbatch_runs_a_parameter_server_and_a_worker_as_one_device_trains(slurm,
     log = (slurm.shared / f"ps-{job}.out").read_text()
     assert state == "COMPLETED", log[-4000:] + slurm.logs()
     assert "parameter server 0: serving" in log
-    summary, weights = _final_weights(out)
+    summary, weights = final_weights(out)
     assert summary["engine"] == "parameter_server" and summary["world_size"] == 1
     reference = subprocess.run(
         [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, "--set", "engine.name=single",
          "--set", f"train.output_dir={tmp_path}"], cwd=ROOT, env=worker_env(),
         capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    _, expected = _final_weights(tmp_path)
+    _, expected = final_weights(tmp_path)
     for a, b in zip(expected, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
-"""The elastic launcher on hosts that share nothing but the network: 3 emulated hosts, each with
-its own /tmp, home and working directory; the launcher on this machine starts every worker
-through an ssh stand-in (so the chief is not on the launcher's host) and talks to the job only
-through the workers' standard streams; `train.output_dir` is the one shared directory."""
+"""Jobs on hosts that share nothing but the network: 3 emulated hosts, each with its own /tmp,
+home and working directory; the launcher on this machine starts every worker through an ssh
+stand-in (so the chief is not on the launcher's host) and talks to the job only through the
+workers' standard streams; `train.output_dir` is the one shared directory. A kill -9 of every
+worker resumes exactly; the elastic launcher shrinks and grows."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tests.test_resume import ELASTIC_JOB, _final_weights, _pid_of_worker
+from tests.jobs import final_weights, launcher_command
+from tests.test_resume import ELASTIC_JOB, _pid_of_worker
 from tfdist.tools import emulated
 
 pytestmark = [
@@ -44,6 +46,46 @@ def _launch(cluster, hostfile, out, *extra, min_workers="2"):
             sys.executable, "-m", "tfdist.tools.cli", "train", *ELASTIC_JOB,
             "--set", f"train.output_dir={out}", *extra]
 
+
+@pytest.mark.parametrize("name", ["dense", "local_sgd", "powersgd", "zero2", "zero3"])
+def test_kill_9_of_every_worker_then_the_same_command_equals_a_run_never_stopped(
+        hosts, uninterrupted, name):
+    """2 workers on 2 remote hosts, a backup every 4 steps; both workers are SIGKILLed as soon as
+    both have written the backup of step 16 (wherever their next steps have got to); the same
+    launch command again resumes from the newest backup both hold and ends with the weights of the
+    job never stopped on this machine, every epoch's examples trained on once."""
+    cluster, shared = hosts
+    out = shared / f"killed-{name}"
+    command = launcher_command(out, name, "--hosts", ",".join(cluster.addresses[:2]), "--ssh",
+                               SSH, extra=("--set", "train.checkpoint_steps=4"))
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        done = [out / "backup" / f"process-{i}" / "step-16" / "meta.json" for i in (0, 1)]
+        deadline = time.monotonic() + 300
+        while not all(p.exists() for p in done):
+            assert launcher.poll() is None and time.monotonic() < deadline, "no backup in time"
+            time.sleep(0.01)
+        pids = [_pid_of_worker(str(out), i) for i in (0, 1)]
+        assert None not in pids, pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode != 0 and "exited with 137" in err, err[-3000:]
+
+    again = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True, text=True,
+                           timeout=450)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary, weights = final_weights(out)
+    reference_summary, reference = uninterrupted(name)
+    assert summary["resumed_from_step"] >= 16
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    assert not (out / "backup").exists()
 
 
 def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(hosts,
@@ -74,7 +116,7 @@ def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(host
     assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers" in err
     assert "the job grows from 2 to 3 workers at its next backup" in err
     assert "[launch] elastic: resizing from 2 to 3 workers" in err
-    summary, weights = _final_weights(out)
+    summary, weights = final_weights(out)
     reference_summary, reference = elastic_reference
     assert summary["world_size"] == reference_summary["world_size"] == 3
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3

@@ -162,6 +162,7 @@ class Watchdog(keras.callbacks.Callback):
         return min(1.0, self.timeout / 10)
 
     def _watch(self) -> None:
+        self._beat()  # at once: a rank that freezes in its first steps has been seen alive
         while not self._stop.wait(self._interval):
             self._beat()
             started = self._started

@@ -32,13 +32,13 @@ def reference():
     return model.get_weights()
 
 
-def _elastic_run(tmp_path, mode: str, hosts: str, np_: int):
+def _elastic_run(tmp_path, mode: str, hosts: str, np_: int, style: str = "tfdist"):
     (tmp_path / "hosts").write_text(hosts)
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
     script.chmod(0o755)
     out = str(tmp_path / "weights.npz")
-    command = horovodrun_command([sys.executable, WORKER, out, mode, str(tmp_path / "hosts")],
+    command = horovodrun_command([sys.executable, WORKER, out, mode, str(tmp_path / "hosts"), style],
                                  np_, network_interface="lo", min_np=2, max_np=3,
                                  host_discovery_script=str(script))
     env = dict(worker_env(), HOROVOD_GLOO_TIMEOUT_SECONDS="10")
@@ -64,12 +64,17 @@ def test_a_rank_that_dies_leaves_the_others_to_finish_the_same_training(tmp_path
 
 
 def test_a_host_that_joins_is_used_and_changes_nothing_but_the_speed(tmp_path, reference):
-    """2 ranks on localhost; at global step 6 the discovery script starts listing 127.0.0.1:1:
-    every rank stops at its next commit, the new rank takes rank 0's state, and 3 ranks finish
-    with the uninterrupted weights."""
-    weights, sizes, output = _elastic_run(tmp_path, "join", "localhost:2\n", 2)
+    """A script written as Horovod's elastic Keras example is (Horovod's names, a model built at
+    its first batch, `fit(epochs=EPOCHS - state.epoch)`), 2 ranks on localhost; at global step 6
+    the discovery script starts listing 127.0.0.1:1: every rank stops at its next commit, the new
+    rank takes rank 0's state, the epoch in flight goes on from its committed batch, and 3 ranks
+    finish with the uninterrupted weights."""
+    weights, sizes, output = _elastic_run(tmp_path, "join", "localhost:2\n", 2, "horovod")
     assert sizes == [2, 3], output[-3000:]
     assert "DONE rank 2 of 3" in output
+    # Rank 0's checkpoints: the fit started after the reset (in epoch 1) ran the 3 epochs.
+    assert sorted(p.name for p in tmp_path.glob("weights.npz.checkpoint-*.keras")) == [
+        f"weights.npz.checkpoint-{e}.keras" for e in range(1, job.EPOCHS + 1)], output[-3000:]
     _assert_equal(weights, reference)
 
 

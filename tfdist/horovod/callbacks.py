@@ -12,12 +12,45 @@ import tensorflow as tf
 
 from tfdist.callbacks.lr_warmup import LearningRateWarmup as _LearningRateWarmup
 from tfdist.comm import HorovodEngine
+from tfdist.comm.horovod import import_horovod
 
 
 def built(model: keras.Model) -> bool:
     """Whether the model has its variables (a `Sequential` without an `Input`, or a subclassed
     model, gets them at its first step)."""
     return bool(model.built and model.variables)
+
+
+def built_like_the_others(model: keras.Model) -> bool:
+    """Whether every rank's model has its variables, after building this rank's if another
+    rank's is built (a rank that has just joined an elastic job holds a lazily built model
+    that the others built at their first step). False: no rank's model is built yet (it will be
+    at the first step, on every rank). A collective: every rank calls it at the same point."""
+    mine = (built(model), model.get_build_config() if built(model) else None)
+    ranks = import_horovod().allgather_object(mine)
+    if not any(is_built for is_built, _ in ranks):
+        return False
+    if not mine[0]:
+        config = next((c for is_built, c in ranks if is_built and c), None)
+        if config is None:
+            raise ValueError("this rank's model is not built and the other ranks' models have no "
+                             "build configuration to build it from: give the model an "
+                             "`keras.Input` (or build it) before `fit`.")
+        model.build_from_config(config)
+    return True
+
+
+def build_or_verify_optimizer(model: keras.Model) -> None:
+    """Builds the model's optimizer (a tfdist optimizer's build compares the ranks' optimizer
+    configurations), or, already built, compares them again: a rank that has just joined an
+    elastic job builds while the others verify, and their collectives pair up."""
+    optimizer = model.optimizer
+    if optimizer is None:
+        return
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    elif getattr(optimizer, "verify_model", False) and hasattr(optimizer, "verify_workers"):
+        optimizer.verify_workers(model.trainable_variables)
 
 
 def verify_same_job(callback: keras.callbacks.Callback) -> None:
@@ -27,9 +60,7 @@ def verify_same_job(callback: keras.callbacks.Callback) -> None:
     different collectives forever. A model built lazily is checked after its first step."""
     engine, model = HorovodEngine(), callback.model
     engine.verify_same_model(model.variables)
-    optimizer = model.optimizer
-    if optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)
+    build_or_verify_optimizer(model)
     params = callback.params or {}
     engine.verify_same_setup({"steps per epoch": int(params.get("steps") or -1),
                               "epochs": int(params.get("epochs") or -1)})
@@ -55,7 +86,7 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._done = False
-        if built(self.model):
+        if built_like_the_others(self.model):
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -91,7 +122,7 @@ class MetricAverage(keras.callbacks.Callback):
     """
 
     def on_train_begin(self, logs=None):
-        self._verified = built(self.model)
+        self._verified = built_like_the_others(self.model)
         if self._verified:
             verify_same_job(self)
 

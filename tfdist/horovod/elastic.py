@@ -31,6 +31,11 @@ trained twice). When a host joins, every rank stops at its next commit, and the 
 0's state. Keras' compiled step is built again after each reset (the number of ranks is part of
 it). Variables that differ between ranks (error-feedback residuals, local SGD's models) take rank
 0's values at a reset; ZeRO's shards are refused (they are each rank's own).
+
+A model built at its first batch (a `Sequential` without `Input`, as in Horovod's examples)
+works too: the variables are broadcast from rank 0 and committed when `fit` starts, by whichever
+of these callbacks `fit` is given (every rank starts `fit` after a reset, a rank that has just
+joined included, so the broadcasts pair up).
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod
+from tfdist.horovod.callbacks import build_or_verify_optimizer, built_like_the_others
 
 __all__ = ["CommitState", "CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "UpdateState", "callbacks", "run"]
@@ -75,6 +82,8 @@ class KerasState(ObjectState):
         self.register_reset_callbacks([self._after_reset])
 
     def _variables(self) -> list:
+        if not self.model.built:
+            return []  # built by `fit`: see `_on_fit_start`
         optimizer = self.model.optimizer
         if not optimizer.built:
             optimizer.build(self.model.trainable_variables)
@@ -87,7 +96,7 @@ class KerasState(ObjectState):
 
     def save(self) -> None:
         """Copies every variable to host memory (a commit)."""
-        self._values = [v.numpy() for v in self._variables()]
+        self._values = [v.numpy() for v in self._variables()] or None
         super().save()
 
     def restore(self) -> None:
@@ -98,20 +107,35 @@ class KerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        """Every rank takes rank 0's variables and values, then commits them. First, the
-        workers' models and optimizer configurations are checked against each other: a rank
-        that starts now builds its optimizer (whose build checks), the others check again, so
-        the collectives pair up."""
-        hvd = import_horovod()
-        optimizer = self.model.optimizer
-        if not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
-        elif getattr(optimizer, "verify_model", False) and hasattr(optimizer, "verify_workers"):
-            optimizer.verify_workers(self.model.trainable_variables)
-        variables = self._variables()
-        hvd.broadcast_variables([v.value if isinstance(v, keras.Variable) else v
-                                 for v in variables], root_rank=0)
+        """Every rank takes rank 0's Python values; the variables follow when `fit` starts
+        (`_on_fit_start`), when every rank's model is built, a lazily built one included."""
         super().sync()
+        self._variables_synced = False
+
+    def _on_fit_start(self) -> None:
+        """Called by the state callbacks when `fit` starts: after a sync, every rank takes rank
+        0's variables (a model built at its first step on every rank: after that step)."""
+        if not getattr(self, "_variables_synced", True) and built_like_the_others(self.model):
+            self._sync_variables()
+
+    def _on_batch_end(self) -> None:
+        if not getattr(self, "_variables_synced", True):  # built by the step just done
+            self._sync_variables()
+
+    def _sync_variables(self) -> None:
+        """Every rank takes rank 0's variables, then commits (the optimizer configurations
+        compared first)."""
+        build_or_verify_optimizer(self.model)
+        variables = self._variables()
+        # Eager broadcasts, paired by their order: Horovod's broadcast_variables names its ops
+        # after the variables, and a rank that has just built its optimizer names the slots
+        # differently (measured: "sgd/..._momentum" there, "distributed_optimizer/sgd/..."
+        # where the first step built them), so the ranks would wait for each other forever.
+        values = HorovodEngine().communicator().broadcast(
+            [tf.convert_to_tensor(v) for v in variables], root=0)
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+        self._variables_synced = True
         self.save()
 
     def _after_reset(self) -> None:
@@ -120,37 +144,49 @@ class KerasState(ObjectState):
             setattr(self.model, name, None)  # traced for the old number of ranks
 
 
-class UpdateState(keras.callbacks.Callback):
-    """Keeps `state.epoch` (the epoch being trained) and `state.batch` (its batches done)."""
+class _StateCallback(keras.callbacks.Callback):
+    """A callback that holds the state: when `fit` starts, the state's variables are synced."""
 
     def __init__(self, state: KerasState):
         super().__init__()
         self.state = state
+
+    def on_train_begin(self, logs=None):
+        self.state._on_fit_start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state._on_batch_end()
+
+
+class UpdateState(_StateCallback):
+    """Keeps `state.epoch` (the epoch being trained) and `state.batch` (its batches done)."""
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != self.state.epoch:
             self.state.epoch, self.state.batch = epoch, 0
 
     def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
         self.state.batch = batch + 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.epoch, self.state.batch = epoch + 1, 0
 
 
-class CommitState(keras.callbacks.Callback):
+class CommitState(_StateCallback):
     """Commits `state` every `batches_per_commit` batches and at each epoch's end; a commit also
     checks for hosts added or removed (every rank stops there together)."""
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1):
-        super().__init__()
+        super().__init__(state)
         if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) \
                 or batches_per_commit < 1:
             raise ValueError(f"batches_per_commit must be an integer >= 1. Received: "
                              f"{batches_per_commit!r}")
-        self.state, self.batches_per_commit = state, batches_per_commit
+        self.batches_per_commit = batches_per_commit
 
     def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
         if (batch + 1) % self.batches_per_commit == 0:
             self.state.commit()
 
@@ -168,45 +204,48 @@ class CommitStateCallback(CommitState):
     """Horovod's `CommitStateCallback(state, batches_per_commit=1)`: `CommitState`."""
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Horovod's: `state.epoch` counts epochs across resets (Keras' epoch restarts at 0 after
-    a reset when `fit` is called without `initial_epoch`)."""
+class UpdateEpochStateCallback(_StateCallback):
+    """Horovod's: `state.epoch` counts epochs across resets, for a `fit` called with
+    `epochs=total - state.epoch` after each (Keras' epoch numbers start at 0 in every `fit`)."""
 
     def __init__(self, state: KerasState):
-        super().__init__()
-        self.state = state
+        super().__init__(state)
         self.initial_epoch = state.epoch
 
     def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
         self.initial_epoch = self.state.epoch
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.epoch = self.initial_epoch + epoch + 1
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Horovod's: `state.batch` is the last batch done of the epoch (0 at an epoch's end), and
-    an epoch resumed after a reset runs only its remaining steps."""
+class UpdateBatchStateCallback(_StateCallback):
+    """Horovod's: `state.batch` counts the batches done in the epoch being trained (0 at its
+    end), and a `fit` started after a reset passes over the batches its first epoch had done
+    (nothing read, nothing trained: feed `fit` data from there). Horovod keeps the index of the
+    last batch done instead, one less, so its resumed epoch trains that batch again."""
 
     def __init__(self, state: KerasState):
-        super().__init__()
-        self.state = state
-        self.steps_per_epoch: int | None = None
+        super().__init__(state)
+        self._skipped: SkippedSteps | None = None
 
     def on_train_begin(self, logs=None):
-        self.steps_per_epoch = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if self.params.get("steps"):
-            if self.steps_per_epoch is None:
-                self.steps_per_epoch = self.params["steps"]
-            self.params["steps"] = self.steps_per_epoch - self.state.batch
+        super().on_train_begin(logs)
+        if self.state.batch:
+            self._skipped = SkippedSteps(self.model, self.state.batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.state.batch = batch
+        super().on_train_batch_end(batch, logs)
+        self.state.batch = batch + 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.batch = 0
+
+    def on_train_end(self, logs=None):
+        if self._skipped is not None:
+            self._skipped.remove()
+            self._skipped = None
 
 
 def run(func):

@@ -15,13 +15,11 @@ import keras
 JOB = ["--set", "engine.name=multi_worker", "--set", "model.name=tests.workers.slow_model:build",
        "--set", "train.epochs=6", "--set", "train.steps_per_epoch=12",
        "--set", "train.checkpoint_steps=1000", "--set", "data.global_batch_size=32"]
-# The state each one carries through a stop: the optimizer's; ZeRO's shards (stage 3: the
-# parameters too); local SGD's local models between averaging rounds; PowerSGD's Q and
-# error-feedback residuals.
+# The state each one carries through a stop: the optimizer's; ZeRO's shards; local SGD's local
+# models between averaging rounds; PowerSGD's Q and error-feedback residuals.
 ALGORITHMS = {
     "dense": [],
     "zero2": ["--set", "optimizer.zero_stage=2", "--set", "optimizer.accumulation_steps=2"],
-    "zero3": ["--set", "optimizer.zero_stage=3"],
     "local_sgd": ["--set", "averaging.period=5"],
     "powersgd": ["--set", "compression.name=powersgd", "--set", "compression.min_size=64"],
 }

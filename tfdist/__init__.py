@@ -7,11 +7,12 @@ configs, benchmarks, the emulated cluster, launchers) live in `tfdist.tools`, wh
 never imports.
 
 `import tfdist` imports the library, which registers its Keras classes (so `load_model` finds
-them). When this process is the `tfdist` command, two things happen first: asked only for
-`--help` or `--version`, it answers from its parser without TensorFlow's import (seconds; the
-library then loads on first use); otherwise, unless `--verbose`, TensorFlow's C++ logging is
-silenced: its level is set before TensorFlow loads, and the lines its libraries print while
-loading (before that level applies) go to /dev/null.
+them). Two kinds of process load it on first use instead: the launchers (`python -m
+tfdist.launch`, `python -m tfdist.emulated`), which need no TensorFlow (seconds saved at every
+job start), and the `tfdist` command asked only for `--help` or `--version`. Otherwise, when this
+process is the `tfdist` command, unless `--verbose`, TensorFlow's C++ logging is silenced: its
+level is set before TensorFlow loads, and the lines its libraries print while loading (before
+that level applies) go to /dev/null.
 """
 
 from __future__ import annotations
@@ -62,17 +63,26 @@ def _import_library() -> None:
         globals()[name] = getattr(importlib.import_module(f"tfdist.{module}"), name)
 
 
+_LAUNCHERS = ("tfdist.launch", "tfdist.tools.launch", "tfdist.emulated", "tfdist.tools.emulated")
+
+
+def _main_module() -> str | None:
+    """The module this process runs with `python -m`, else None."""
+    original = list(getattr(_sys, "orig_argv", []))
+    if "-m" in original[:-1]:
+        return original[original.index("-m") + 1]
+    return None
+
+
 def _command_arguments() -> list[str] | None:
     """The arguments when this process is the `tfdist` command (its console script, or
     `python -m tfdist.tools.cli`), else None."""
     argv = _sys.argv
     if argv and _os.path.basename(argv[0]) == "tfdist":
         return argv[1:]
-    original = list(getattr(_sys, "orig_argv", []))
-    if "-m" in original:
-        i = original.index("-m")
-        if original[i + 1:i + 2] == ["tfdist.tools.cli"]:
-            return original[i + 2:]
+    if _main_module() == "tfdist.tools.cli":
+        original = list(_sys.orig_argv)
+        return original[original.index("-m") + 2:]
     return None
 
 
@@ -90,7 +100,8 @@ def _without_stderr(fn) -> None:
 
 
 _arguments = _command_arguments()
-_deferred = _arguments is not None and any(a in ("-h", "--help", "--version") for a in _arguments)
+_deferred = (_arguments is not None and any(a in ("-h", "--help", "--version") for a in _arguments)
+             ) or _main_module() in _LAUNCHERS
 _quiet = (_arguments is not None and not {"-v", "--verbose"} & set(_arguments)) or \
     _os.environ.get("TFDIST_QUIET") == "1"  # tfdist.logs.QUIET_ENV
 if _quiet:
@@ -98,7 +109,7 @@ if _quiet:
 
 
 def __getattr__(name: str):
-    """Imports the library on first use when it was deferred (help only)."""
+    """Imports the library on first use when it was deferred (help, the launchers)."""
     global _deferred
     if _deferred and (name in _SUBMODULES or name in _NAMES):
         _deferred = False

@@ -53,6 +53,18 @@ def build_or_verify_optimizer(model: keras.Model) -> None:
         optimizer.verify_workers(model.trainable_variables)
 
 
+def broadcast_variables(variables: list, root_rank: int = 0) -> None:
+    """Every rank's `variables` take `root_rank`'s values: eager broadcasts paired by their
+    order (Horovod's own `broadcast_variables` names its ops after the variables, and a rank
+    that has just built its optimizer names the slots differently: measured, "sgd/..._momentum"
+    there and "distributed_optimizer/sgd/..." where the first step built them, so the ranks
+    would wait for each other forever)."""
+    comm = HorovodEngine().communicator()
+    values = comm.broadcast([tf.convert_to_tensor(v) for v in variables], root=root_rank)
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+
+
 def verify_same_job(callback: keras.callbacks.Callback) -> None:
     """Raises on every rank, before the first step, if the ranks' models, optimizer
     configurations (built here; a tfdist optimizer compares its parts when built) or `fit`
@@ -107,10 +119,7 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
         variables = list(model.variables) + (list(optimizer.variables) if optimizer else [])
         own = {id(v) for holder in (model, optimizer)  # ZeRO: each rank's own shards stay
                for v in getattr(holder, "sharded_variables", list)()}
-        variables = [v for v in variables if id(v) not in own]
-        values = comm.broadcast([tf.convert_to_tensor(v) for v in variables], root=self.root_rank)
-        for var, value in zip(variables, values):
-            var.assign(value)
+        broadcast_variables([v for v in variables if id(v) not in own], self.root_rank)
 
 
 class MetricAverage(keras.callbacks.Callback):

@@ -50,7 +50,7 @@ from horovod.common.exceptions import HorovodInternalError
 from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod
-from tfdist.horovod.callbacks import build_or_verify_optimizer, built_like_the_others
+from tfdist.horovod.callbacks import broadcast_variables, build_or_verify_optimizer, built_like_the_others
 
 __all__ = ["CommitState", "CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "UpdateState", "callbacks", "run"]
@@ -78,6 +78,7 @@ class KerasState(ObjectState):
                              "under the TF_CONFIG elastic launcher.")
         self.model = model
         self._values: list | None = None
+        self._variables_synced = True  # False from a sync until the variables follow
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
         self.register_reset_callbacks([self._after_reset])
 
@@ -115,26 +116,18 @@ class KerasState(ObjectState):
     def _on_fit_start(self) -> None:
         """Called by the state callbacks when `fit` starts: after a sync, every rank takes rank
         0's variables (a model built at its first step on every rank: after that step)."""
-        if not getattr(self, "_variables_synced", True) and built_like_the_others(self.model):
+        if not self._variables_synced and built_like_the_others(self.model):
             self._sync_variables()
 
     def _on_batch_end(self) -> None:
-        if not getattr(self, "_variables_synced", True):  # built by the step just done
+        if not self._variables_synced:  # built by the step just done
             self._sync_variables()
 
     def _sync_variables(self) -> None:
         """Every rank takes rank 0's variables, then commits (the optimizer configurations
         compared first)."""
         build_or_verify_optimizer(self.model)
-        variables = self._variables()
-        # Eager broadcasts, paired by their order: Horovod's broadcast_variables names its ops
-        # after the variables, and a rank that has just built its optimizer names the slots
-        # differently (measured: "sgd/..._momentum" there, "distributed_optimizer/sgd/..."
-        # where the first step built them), so the ranks would wait for each other forever.
-        values = HorovodEngine().communicator().broadcast(
-            [tf.convert_to_tensor(v) for v in variables], root=0)
-        for variable, value in zip(variables, values, strict=True):
-            variable.assign(value)
+        broadcast_variables(self._variables(), root_rank=0)
         self._variables_synced = True
         self.save()
 

@@ -5,7 +5,9 @@ uninterrupted run (conftest's session fixture `uninterrupted` runs each algorith
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -43,3 +45,14 @@ def final_weights(output_dir: Path) -> tuple[dict, list]:
     (summary,) = output_dir.glob("*/summary.json")
     model = keras.saving.load_model(summary.parent / "model.keras", compile=False)
     return json.loads(summary.read_text()), model.get_weights()
+
+
+def wait_for_backup(process: subprocess.Popen, *files: Path, timeout: float = 300,
+                    poll: float = 0.01) -> None:
+    """Returns once every one of `files` (a backup's meta.json) exists; fails the test if
+    `process` ends first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not all(f.exists() for f in files):
+        assert process.poll() is None, "the run ended before the backup"
+        assert time.monotonic() < deadline, "no backup in time"
+        time.sleep(poll)

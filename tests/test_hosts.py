@@ -12,13 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
-from tests.jobs import final_weights, launcher_command
+from tests.jobs import final_weights, launcher_command, wait_for_backup
 from tests.test_resume import ELASTIC_JOB, _pid_of_worker
 from tfdist.tools import emulated
 
@@ -61,11 +60,8 @@ def test_kill_9_of_every_worker_then_the_same_command_equals_a_run_never_stopped
     launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = [out / "backup" / f"process-{i}" / "step-16" / "meta.json" for i in (0, 1)]
-        deadline = time.monotonic() + 300
-        while not all(p.exists() for p in done):
-            assert launcher.poll() is None and time.monotonic() < deadline, "no backup in time"
-            time.sleep(0.01)
+        wait_for_backup(launcher, *(out / "backup" / f"process-{i}" / "step-16" / "meta.json"
+                                    for i in (0, 1)))
         pids = [_pid_of_worker(str(out), i) for i in (0, 1)]
         assert None not in pids, pids
         for pid in pids:
@@ -101,11 +97,7 @@ def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(host
                                 env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        backup = out / "backup" / "process-1" / "step-8" / "meta.json"
-        deadline = time.monotonic() + 300
-        while not backup.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for_backup(launcher, out / "backup" / "process-1" / "step-8" / "meta.json")
         os.kill(_pid_of_worker(str(out), 1), signal.SIGKILL)
         _, err = launcher.communicate(timeout=500)
     finally:

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 import tfdist
 from tests.conftest import ROOT, worker_env
-from tests.jobs import final_weights
+from tests.jobs import final_weights, wait_for_backup
 from tests.workers import common
 from tfdist.tools import launch
 
@@ -281,11 +280,8 @@ def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example
                                 env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        backup = tmp_path / "elastic" / "backup" / "process-1" / "step-16" / "meta.json"
-        deadline = time.monotonic() + 300
-        while not backup.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for_backup(launcher,
+                        tmp_path / "elastic" / "backup" / "process-1" / "step-16" / "meta.json")
         os.kill(_pid_of_worker(str(tmp_path / "elastic"), 1), signal.SIGKILL)
         _, err = launcher.communicate(timeout=400)
     finally:
@@ -334,11 +330,8 @@ def test_workers_joining_by_themselves_grow_the_job_at_its_next_backup(tmp_path,
     launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        backup = out / "backup" / "process-1" / "step-4" / "meta.json"
-        deadline = time.monotonic() + 300
-        while not backup.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_backup(launcher, out / "backup" / "process-1" / "step-4" / "meta.json",
+                        poll=0.05)
         hostfile.write_text("127.0.0.1 slots=3\n")  # a worker joins
         _, err = launcher.communicate(timeout=400)
     finally:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import keras
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, worker_env
+from tests.jobs import wait_for_backup
 
 # 2 epochs of 9 steps on 2 logical devices; a backup every 4 steps (kept: the newest 2).
 JOB = ["--set", "model.name=mlp", "--set", "model.hidden=[32]", "--set", "train.epochs=2",
@@ -53,13 +53,9 @@ def _stopped_after_backup(out: Path, step: int, *extra, timeout=240) -> None:
     proc = subprocess.Popen(_command(out, *extra), cwd=ROOT, env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    done = out / "backup" / "process-0" / f"step-{step}" / "meta.json"
-    deadline = time.monotonic() + timeout
     try:
-        while not done.exists():
-            assert proc.poll() is None, "the run ended before the backup"
-            assert time.monotonic() < deadline, "no backup in time"
-            time.sleep(0.005)
+        wait_for_backup(proc, out / "backup" / "process-0" / f"step-{step}" / "meta.json",
+                        timeout=timeout, poll=0.005)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -38,6 +38,9 @@ def test_defaults_fill_missing_keys():
     ({"model": {"hidden": [64, 0]}}, "model.hidden: got [64, 0]"),
     ({"train": {"epoch": 3}}, "unknown key 'epoch' (did you mean 'epochs'?)"),
     ({"trian": {}}, "unknown key 'trian' (did you mean 'train'?)"),
+    ({"compression": {"name": "powersdg"}}, "got 'powersdg'; must be one of"),
+    ({"compression": {"name": "powersdg"}}, "(did you mean 'powersgd'?)"),
+    ({"optimizer": {"name": "adamm"}}, "(did you mean 'adam'?)"),
     ({"engine": {"devices": 3}, "data": {"global_batch_size": 64}},
      "must divide by engine.devices (3): use a multiple of 3"),
     ({"optimizer": {"accumulation_steps": 3}}, "must divide by optimizer.accumulation_steps (3)"),
@@ -193,3 +196,18 @@ def test_a_runs_config_yaml_loads_back_to_the_same_config(path, tmp_path):
     saved = tmp_path / "config.yaml"
     saved.write_text(yaml.safe_dump(config, sort_keys=False))
     assert load_config(saved) == config
+
+
+def test_the_names_a_config_may_take_are_the_registries():
+    """The config knows the built-in compressors and models without importing them (no
+    TensorFlow): its names must be the registries' own."""
+    from tfdist import compression
+    from tfdist.tools import config, models
+
+    assert set(config.MODELS) == set(models.MODELS)
+    registered = {name: cls.__module__ for name, cls in compression.COMPRESSORS.items()
+                  if cls.__module__.startswith("tfdist.")}  # not the tests' own
+    assert registered == {name: f"tfdist.compression.{module}"
+                          for name, module in compression.BUILT_IN.items()}
+    assert set(compression.__all__) == {"BUILT_IN", *compression._EXPORTS}
+    assert all(getattr(compression, name) for name in compression.__all__)

@@ -7,12 +7,10 @@ configs, benchmarks, the emulated cluster, launchers) live in `tfdist.tools`, wh
 never imports.
 
 `import tfdist` imports the library, which registers its Keras classes (so `load_model` finds
-them). Two kinds of process load it on first use instead: the launchers (`python -m
-tfdist.launch`, `python -m tfdist.emulated`), which need no TensorFlow (seconds saved at every
-job start), and the `tfdist` command asked only for `--help` or `--version`. Otherwise, when this
-process is the `tfdist` command, unless `--verbose`, TensorFlow's C++ logging is silenced: its
-level is set before TensorFlow loads, and the lines its libraries print while loading (before
-that level applies) go to /dev/null.
+them). Two kinds of process load it on first use instead, as they need no TensorFlow before
+their work starts: the launchers (`python -m tfdist.launch`, `python -m tfdist.emulated`:
+seconds saved at every job start) and the `tfdist` command (a config is checked before
+TensorFlow loads; the command then loads it quietly, `tfdist.logs.load_tensorflow_quietly`).
 """
 
 from __future__ import annotations
@@ -20,6 +18,8 @@ from __future__ import annotations
 import importlib
 import os as _os
 import sys as _sys
+
+from tfdist import logs as _logs
 
 __version__ = "0.1.0"
 
@@ -74,51 +74,35 @@ def _main_module() -> str | None:
     return None
 
 
-def _command_arguments() -> list[str] | None:
-    """The arguments when this process is the `tfdist` command (its console script, or
-    `python -m tfdist.tools.cli`), else None."""
+def _is_command() -> bool:
+    """Whether this process is the `tfdist` command (its console script, or `python -m
+    tfdist.tools.cli`)."""
     argv = _sys.argv
-    if argv and _os.path.basename(argv[0]) == "tfdist":
-        return argv[1:]
-    if _main_module() == "tfdist.tools.cli":
-        original = list(_sys.orig_argv)
-        return original[original.index("-m") + 2:]
-    return None
+    return bool(argv) and _os.path.basename(argv[0]) == "tfdist" or \
+        _main_module() == "tfdist.tools.cli"
 
 
-def _without_stderr(fn) -> None:
-    """Runs `fn` with this process's file descriptor 2 on /dev/null, then restores it."""
-    _sys.stderr.flush()
-    saved, devnull = _os.dup(2), _os.open(_os.devnull, _os.O_WRONLY)
-    try:
-        _os.dup2(devnull, 2)
-        fn()
-    finally:
-        _os.dup2(saved, 2)
-        _os.close(saved)
-        _os.close(devnull)
-
-
-_arguments = _command_arguments()
-_deferred = (_arguments is not None and any(a in ("-h", "--help", "--version") for a in _arguments)
-             ) or _main_module() in _LAUNCHERS
-_quiet = (_arguments is not None and not {"-v", "--verbose"} & set(_arguments)) or \
-    _os.environ.get("TFDIST_QUIET") == "1"  # tfdist.logs.QUIET_ENV
-if _quiet:
-    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+_deferred = _is_command() or _main_module() in _LAUNCHERS
 
 
 def __getattr__(name: str):
-    """Imports the library on first use when it was deferred (help, the launchers)."""
-    global _deferred
-    if _deferred and (name in _SUBMODULES or name in _NAMES):
-        _deferred = False
-        _import_library()
-        return globals()[name]
-    raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    """A name of the library, imported on first use (the command and the launchers import
+    the library this way, a part at a time)."""
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"tfdist.{_NAMES[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"tfdist.{name}")
+    else:
+        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 if not _deferred:
-    _without_stderr(_import_library) if _quiet else _import_library()
-    if _quiet and _arguments is None:  # TFDIST_QUIET=1 in a Python program
-        globals()["quiet"]()
+    if _os.environ.get(_logs.QUIET_ENV) == "1":  # a Python program asking for quiet
+        _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with _logs.silenced_stderr():
+            _import_library()
+        _logs.quiet()
+    else:
+        _import_library()

@@ -9,6 +9,9 @@ TensorFlow's import for the C++ lines), or with `tfdist.quiet()` for the Python-
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
 
 QUIET_ENV = "TFDIST_QUIET"
@@ -36,3 +39,33 @@ def quiet() -> None:
 
     absl.logging.set_verbosity(absl.logging.ERROR)
     tf.get_logger().setLevel("ERROR")
+
+
+@contextlib.contextmanager
+def silenced_stderr():
+    """Points this process's file descriptor 2 at /dev/null for the block (the lines
+    TensorFlow's C++ libraries print while they load, before any log level applies)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def loading_quietly():
+    """For a block that may import TensorFlow (the first time): its C++ log level set to errors
+    and the lines its libraries print while they load (before any level applies) silenced; then
+    `quiet()` once it is loaded. The `tfdist` command wraps its config check in it (which loads
+    TensorFlow only when the config gets past the schema) and its commands' start."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        with silenced_stderr():
+            yield
+    finally:
+        if "tensorflow" in sys.modules:
+            quiet()

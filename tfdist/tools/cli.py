@@ -54,7 +54,6 @@ SUITES = {
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",
 }
-# Python-side messages that say nothing actionable on a CPU machine (shown with --verbose).
 
 
 def _listing(items: dict[str, str]) -> str:
@@ -134,15 +133,14 @@ def _version() -> str:
         return "(not installed)"
 
 
-def quiet(verbose: bool) -> None:
-    """Silences TensorFlow's C++ and Python logs and known-harmless warnings, unless `verbose`.
-    Call before TensorFlow is imported (its C++ log level is read then)."""
-    if verbose:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from tfdist.logs import quiet as quiet_logs
+def loading(verbose: bool):
+    """A block that may load TensorFlow: its loading lines, logs and known-harmless warnings
+    silenced unless `verbose` (`tfdist.logs.loading_quietly`)."""
+    import contextlib
 
-    quiet_logs()
+    from tfdist.logs import loading_quietly
+
+    return contextlib.nullcontext() if verbose else loading_quietly()
 
 
 def cmd_train(args) -> int:
@@ -152,11 +150,12 @@ def cmd_train(args) -> int:
     if path is None and os.path.isfile(os.path.join("configs", "default.yaml")):
         path = os.path.join("configs", "default.yaml")
     try:
-        config = load_config(path, args.set)
+        with loading(args.verbose):  # the schema first: TensorFlow loads only past it
+            config = load_config(path, args.set)
+            from tfdist.tools.runner import train
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
-    from tfdist.tools.runner import train
 
     try:
         summary = train(config)
@@ -320,7 +319,9 @@ def cmd_bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet(getattr(args, "verbose", False))
+    if args.command != "train":
+        with loading(getattr(args, "verbose", False)):
+            import tensorflow  # noqa: F401
     return {"train": cmd_train, "bench": cmd_bench, "info": cmd_info}[args.command](args)
 
 

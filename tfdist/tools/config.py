@@ -21,8 +21,11 @@ from typing import Any
 
 import yaml
 
-from tfdist.compression import COMPRESSORS
-from tfdist.tools.models import MODELS
+from tfdist.compression import BUILT_IN as COMPRESSORS
+
+# The built-in models (`tfdist.tools.models.MODELS`, whose module imports Keras): named here so
+# that checking a config never imports TensorFlow. tests/test_config.py keeps the two equal.
+MODELS = ("cnn", "mlp", "resnet50", "transformer")
 
 
 class ConfigError(ValueError):
@@ -37,6 +40,7 @@ class Field:
     check: Callable[[Any], bool] = lambda v: True
     nullable: bool = False
     convert: Callable[[Any], Any] = lambda v: v
+    choices: tuple = ()  # the names a text value may take: a misspelt one gets "did you mean"
 
 
 def _int(rule: str, check: Callable[[int], bool], default, nullable=False,
@@ -76,7 +80,8 @@ SEED = _int("an integer >= 0", lambda v: v >= 0, 0, most=2**32 - 1)
 
 def _choice(choices: tuple, default) -> Field:
     return Field(default, tuple({type(c) for c in choices if c is not None}) or (str,),
-                 f"one of {list(choices)}", lambda v: v in choices, None in choices)
+                 f"one of {list(choices)}", lambda v: v in choices, None in choices,
+                 choices=choices)
 
 
 def _positive_ints(v, most: int = 2**20, length: int = 64) -> bool:
@@ -112,9 +117,17 @@ ADAMW_WEIGHT_DECAY = 0.004  # keras.optimizers.AdamW's default
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+def _did_you_mean(value: Any, choices: tuple) -> str:
+    """' (did you mean 'X'?)' for a text value close to one of `choices`, else ''."""
+    names = [c for c in choices if isinstance(c, str)]
+    near = difflib.get_close_matches(value, names, n=1) if isinstance(value, str) else []
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
 def _builtin_or_function(builtins: tuple[str, ...], default: str) -> Field:
     return Field(default, (str,), f"one of {list(builtins)}, or your own function as "
-                 "'module.path:function'", lambda v: v in builtins or bool(_FUNCTION.match(v)))
+                 "'module.path:function'", lambda v: v in builtins or bool(_FUNCTION.match(v)),
+                 choices=builtins)
 
 
 SCHEMA: dict[str, dict[str, Field]] = {
@@ -248,9 +261,8 @@ def defaults() -> dict[str, dict[str, Any]]:
 
 
 def _unknown(key: str, allowed) -> str:
-    near = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f" (did you mean '{near[0]}'?)" if near else ""
-    return f"unknown key '{key}'{hint}; allowed: {', '.join(sorted(allowed))}"
+    return (f"unknown key '{key}'{_did_you_mean(key, tuple(allowed))}; allowed: "
+            f"{', '.join(sorted(allowed))}")
 
 
 def validate(raw: Any) -> dict[str, dict[str, Any]]:
@@ -282,7 +294,8 @@ def validate(raw: Any) -> dict[str, dict[str, Any]]:
             ok_type = isinstance(value, field.types) and not (
                 isinstance(value, bool) and bool not in field.types)
             if not ok_type or not field.check(value):
-                errors.append(f"{name}: got {_show(value)}; must be {field.rule}")
+                errors.append(f"{name}: got {_show(value)}; must be {field.rule}"
+                              + _did_you_mean(value, field.choices))
                 continue
             config[section][key] = field.convert(value)
     if not errors:

@@ -2,7 +2,7 @@
 
 Each run gets a directory of its own under `train.output_dir` (named by `train.run_name`, by
 default the run's start time), which the chief fills: `config.yaml` (the resolved config),
-`summary.json`, `model.keras` (the trained model, loadable after `import tfdist`) and
+`summary.json`, `model.keras` (the trained model, loadable in plain Keras) and
 `tensorboard/` (loss, accuracy, learning rate and the communication figures, as standard
 scalars). A directory that holds a finished run is never written again.
 
@@ -52,7 +52,7 @@ from tfdist.callbacks import (
     StepTimer,
 )
 from tfdist.callbacks.backup import remove_folder
-from tfdist.comm import DistributeEngine, Engine, LocalEngine, ring_bytes
+from tfdist.comm import DistributeEngine, Engine, LocalEngine, resolve, ring_bytes
 from tfdist.data import (
     distribute_batches,
     global_batches,
@@ -75,6 +75,7 @@ from tfdist.ps import (
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import write_report
 from tfdist.ps.server import JOB_OVER
+from tfdist.strategies import new_mirrored_strategy
 from tfdist.tools.config import ConfigError, make_compressor, make_parts
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
@@ -112,7 +113,7 @@ def make_job(config: dict[str, Any]) -> Job:
 
         hierarchical = config["averaging"]["intra_period"] is not None
         thvd.init(process_sets="dynamic" if hierarchical else None)
-        return Job(name, None, tfdist.comm.resolve())
+        return Job(name, None, resolve())
     if name in ("multi_worker", "keras_multi_worker"):
         if "TF_CONFIG" not in os.environ:
             raise ValueError(
@@ -133,7 +134,7 @@ def make_job(config: dict[str, Any]) -> Job:
         return Job(name, strategy, DistributeEngine(strategy))
     if name == "mirrored":
         devices = local_devices(config["engine"]["devices"])
-        strategy = tfdist.strategies.new_mirrored_strategy(devices)
+        strategy = new_mirrored_strategy(devices)
         return Job(name, strategy, DistributeEngine(strategy))
     return Job(name, None, LocalEngine())
 

@@ -190,6 +190,18 @@ def build(input_shape, num_classes, width=32):
     return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(h))
 
 
+def regressor(input_shape):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(inputs)))
+
+
+def line(n=512, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]]) + 0.1).astype("float32")
+    return (x[: n - 128], y[: n - 128]), (x[n - 128:], y[n - 128:])
+
+
 def blobs(n=1024, seed=0):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, n).astype("int32")
@@ -227,6 +239,37 @@ def test_the_console_script_imports_your_own_module_from_the_working_directory(t
                           cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "runs" / "default" / "run" / "summary.json").is_file()
+
+
+def test_a_regression_is_reported_with_its_loss_and_metrics(tmp_path):
+    """train.loss=mse on float targets: the end lines and summary.json give the test loss and
+    mae (the task's default metric), no accuracy; the test loss is what plain Keras computes for
+    the saved model on the same test set."""
+    import keras
+    import numpy as np
+
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    env = {**worker_env(), "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    out = _run(["train", "--set", "model.name=mine:regressor", "--set", "data.name=mine:line",
+                "--set", "train.loss=mse", "--set", "train.epochs=2", "--set",
+                "data.global_batch_size=32", "--set", f"train.output_dir={tmp_path}",
+                "--set", "train.run_name=run"], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "test mae" in out.stdout and "test loss" in out.stdout
+    assert "accuracy" not in out.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_accuracy"] is None and set(summary["test_metrics"]) == {"mae"}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import mine
+    finally:
+        sys.path.remove(str(tmp_path))
+    _, (x, y) = mine.line()
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    predicted = np.asarray(model(x))
+    assert summary["test_loss"] == pytest.approx(float(np.mean((predicted - y) ** 2)), rel=1e-5)
+    assert summary["test_metrics"]["mae"] == pytest.approx(
+        float(np.mean(np.abs(predicted - y))), rel=1e-5)
 
 
 def test_a_mistyped_config_file_gets_a_did_you_mean(tmp_path):
@@ -404,6 +447,8 @@ def test_every_suite_draws_its_rows(tmp_path):
     (["train.loss=mse"], "train.loss: 'mse' compares the model's output (shape (None, 10)) with "
                          "labels of one value per example"),
     (["data.test_fraction=1e-6"], "data.test_fraction: 1e-06 leaves no test example"),
+    (["train.metrics=[accuracy, maee]"], "train.metrics: Keras knows no metric 'maee' (did you "
+                                         "mean 'mae'?)"),
 ])
 def test_values_known_wrong_once_the_data_is_loaded_are_one_line_errors(
         tmp_path, capsys, overrides, message):

@@ -194,10 +194,14 @@ def _print_summary(s: dict) -> None:
     dense = s["gradient_bytes_per_round"]
     print()
     print(f"engine            {s['engine']} ({s['world_size']} workers/replicas)")
-    print(f"test accuracy     {s['test_accuracy']:.4f} on {s['test_examples']} held-out examples")
+    for name, value in s["test_metrics"].items():
+        print(f"{'test ' + name:<17} {value:.4f} on {s['test_examples']} held-out examples")
+    print(f"test loss         {s['test_loss']:.4f}")
     if s["final_train_loss"] is not None:
-        print(f"train loss        {s['final_train_loss']:.4f} (accuracy "
-              f"{s['final_train_accuracy']:.4f}, last epoch)")
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in s["final_train_metrics"].items()
+                          if value is not None)
+        print(f"train loss        {s['final_train_loss']:.4f} ({shown + ', ' if shown else ''}"
+              "last epoch)")
     comp = s["compressor"]["name"] if s["compressor"] else "none (dense all-reduce)"
     if s.get("auto"):
         picked = s["auto"]["choice"] or "still measuring when training ended"

@@ -236,6 +236,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "save_model": Field(True, (bool,), "true or false (model.keras in the run directory)"),
         "loss": _text("a Keras loss name", "sparse_categorical_crossentropy",
                       lambda v: v.isidentifier()),
+        "metrics": Field(None, (list,), "a list of Keras metric names (e.g. [accuracy], [mae, "
+                         "mse]), or null for the task's: accuracy with a crossentropy loss, mae "
+                         "otherwise (a regression)",
+                         lambda v: len(v) <= 16 and all(isinstance(m, str) and m.isidentifier()
+                                                        for m in v), nullable=True),
         "verbose": _int("0, 1 or 2, or null (a progress bar on a terminal, a line per epoch "
                         "otherwise)", lambda v: v in (0, 1, 2), None, nullable=True),
         "evaluate_each_epoch": Field(False, (bool,), "true or false (test accuracy after every "
@@ -511,6 +516,14 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
                       "it (on a disk with room for the optimizer state), or null for a temporary "
                       "one")
     return errors
+
+
+def metrics_of(train: dict[str, Any]) -> list[str]:
+    """The metrics a validated `train` section asks for: `train.metrics`, or the task's (a
+    crossentropy loss is a classification: accuracy; any other a regression: mae)."""
+    if train["metrics"] is not None:
+        return list(train["metrics"])
+    return ["accuracy"] if "crossentropy" in train["loss"] else ["mae"]
 
 
 def make_compressor(section: dict[str, Any]):

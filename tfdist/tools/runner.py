@@ -76,7 +76,7 @@ from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import write_report
 from tfdist.ps.server import JOB_OVER
 from tfdist.strategies import new_mirrored_strategy
-from tfdist.tools.config import ConfigError, make_compressor, make_parts
+from tfdist.tools.config import ConfigError, make_compressor, make_parts, metrics_of
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
 
@@ -324,7 +324,8 @@ def load_data(c: dict[str, Any]) -> Data:
         x_spec = train.element_spec[0]
         return Data(train, test, tuple(x_spec.shape), d["num_classes"])
     (x, y), _ = train, test
-    return Data(train, test, tuple(np.shape(x)[1:]), int(np.max(y)) + 1)
+    classes = int(np.max(y)) + 1 if np.issubdtype(np.asarray(y).dtype, np.integer) else None
+    return Data(train, test, tuple(np.shape(x)[1:]), classes)  # None: regression targets
 
 
 def make_model(c: dict[str, Any], data: Data) -> keras.Model:
@@ -374,14 +375,43 @@ def _check_loss(name: str, model: keras.Model, data: Data) -> None:
             "output (a regression).")
 
 
-def accuracy(model: keras.Model, batches) -> float:
-    """Top-1 accuracy of `model` over (x, y) batches, in forward passes."""
-    correct = total = 0
+ACCURACY = {"sparse_categorical_crossentropy": keras.metrics.SparseCategoricalAccuracy,
+            "categorical_crossentropy": keras.metrics.CategoricalAccuracy,
+            "binary_crossentropy": keras.metrics.BinaryAccuracy}
+
+
+def _metric(name: str, loss: str) -> keras.metrics.Metric:
+    """A new Keras metric for `name` (with `loss`, which decides what "accuracy" compares, as
+    `compile` does), or a ConfigError with the names Keras knows."""
+    if name == "accuracy":
+        return ACCURACY.get(loss, keras.metrics.Accuracy)(name="accuracy")
+    try:
+        found = keras.metrics.get(name)
+    except ValueError:
+        known = ["mae", "mse", "mape", "msle", "auc", "precision", "recall"] + sorted(
+            n for n in dir(keras.metrics) if n.islower() and not n.startswith("_")
+            and n not in ("deserialize", "get", "serialize"))
+        near = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"train.metrics: Keras knows no metric {name!r}{hint}; e.g. accuracy, "
+                          "mae, mse, auc, precision, recall.") from None
+    if isinstance(found, keras.metrics.Metric):
+        return found
+    return keras.metrics.MeanMetricWrapper(found, name=name)
+
+
+def evaluate(model: keras.Model, batches, loss: str, metrics: list[str]) -> dict[str, float]:
+    """The mean loss and each metric of `model` over (x, y) batches, in forward passes (in
+    this process alone, whatever the engine): {"loss": ..., name: ...}."""
+    loss_fn, mean_loss = _loss(loss), keras.metrics.Mean()
+    found = {name: _metric(name, loss) for name in metrics}
     for x, y in batches:
-        predicted = np.argmax(np.asarray(model(x, training=False)), axis=-1)
-        correct += int(np.sum(predicted == np.asarray(y).reshape(predicted.shape)))
-        total += int(np.size(predicted))
-    return correct / max(total, 1)
+        predicted = model(x, training=False)
+        mean_loss.update_state(loss_fn(y, predicted))
+        for metric in found.values():
+            metric.update_state(y, predicted)
+    return {"loss": float(mean_loss.result()),
+            **{name: float(metric.result()) for name, metric in found.items()}}
 
 
 def keras_exchange(model: keras.Model, replica_batch: int, world_size: int) -> tuple[float, int]:
@@ -459,7 +489,7 @@ def _compile_plain(model: keras.Model, config: dict[str, Any], job: Job, lr: flo
     scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
     with scope:
         model.compile(optimizer=_inner_optimizer(config["optimizer"], lr),
-                      loss=config["train"]["loss"], metrics=["accuracy"])
+                      loss=config["train"]["loss"], metrics=metrics_of(config["train"]))
 
 
 def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
@@ -477,26 +507,30 @@ EVAL_TAG = "tfdist-eval "
 
 
 class EpochEvaluation(keras.callbacks.Callback):
-    """Test accuracy after every epoch, next to the training time so far (the sum of the step
-    times but the first, tracing, step) and the bytes sent; adds `test_accuracy` to the logs;
-    with `announce`, each record is also printed as one `tfdist-eval {json}` line (what
-    `tfdist bench --suite comm` follows)."""
+    """The test loss and metrics after every epoch, next to the training time so far (the sum
+    of the step times but the first, tracing, step) and the bytes sent; adds them to the logs
+    as `test_loss`, `test_<metric>`; with `announce`, each record is also printed as one
+    `tfdist-eval {json}` line (what `tfdist bench --suite comm` follows)."""
 
-    def __init__(self, data: Data, timer: StepTimer, epochs: int, announce: bool = False):
+    def __init__(self, data: Data, timer: StepTimer, config: dict[str, Any],
+                 announce: bool = False):
         super().__init__()
-        self.data, self.timer, self.epochs, self.announce = data, timer, epochs, announce
+        self.data, self.timer, self.announce = data, timer, announce
+        self.epochs, self.loss = config["train"]["epochs"], config["train"]["loss"]
+        self.metrics = metrics_of(config["train"])
         self.log: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch, logs=None):
         chain = chain_of(self.model.optimizer)
+        tested = evaluate(self.model, self.data.test_batches(), self.loss, self.metrics)
         record = {"epoch": epoch + 1, "epochs": self.epochs,
                   "steps": len(self.timer.times),
                   "train_seconds": round(float(sum(self.timer.times[1:])), 4),
-                  "test_accuracy": accuracy(self.model, self.data.test_batches()),
+                  **{f"test_{name}": value for name, value in tested.items()},
                   "bytes_sent": None if chain is None else float(chain.bytes_sent)}
         self.log.append(record)
         if logs is not None:
-            logs["test_accuracy"] = record["test_accuracy"]
+            logs.update({f"test_{name}": value for name, value in tested.items()})
         if self.announce:
             print(EVAL_TAG + json.dumps(record), flush=True)
 
@@ -599,6 +633,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
                           f"than the training set ({size} examples); use at most {size}.")
     _check_data(config, data)
     _loss(config["train"]["loss"])
+    for name in metrics_of(config["train"]):
+        _metric(name, config["train"]["loss"])
     scale = job.world_size if opt_cfg["scale_lr_by_workers"] else 1
     warmup = opt_cfg["warmup_epochs"] > 0 and scale > 1
     lr = opt_cfg["learning_rate"] * (1 if warmup else scale)
@@ -610,7 +646,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         if opt_cfg["zero_stage"] == 3:  # the parameters sharded too
             model = ShardedModel(model)
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
-        model.compile(optimizer=optimizer, loss=config["train"]["loss"], metrics=["accuracy"],
+        model.compile(optimizer=optimizer, loss=config["train"]["loss"],
+                      metrics=metrics_of(config["train"]),
                       **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
                          else {}))
         if getattr(optimizer, "averaging", None) is not None:
@@ -679,7 +716,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
-        evaluation = EpochEvaluation(data, timer, config["train"]["epochs"],
+        evaluation = EpochEvaluation(data, timer, config,
                                      announce=job.is_chief)
         callbacks.append(evaluation)
     if job.is_chief:
@@ -699,7 +736,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
 
     if job.name == "hogwild" and job.is_chief:
         write_report(str(run_dir / TENSORBOARD / "hogwild"), optimizer.report())
-    test_accuracy = accuracy(model, data.test_batches())
+    metrics = metrics_of(config["train"])
+    tested = evaluate(model, data.test_batches(), config["train"]["loss"], metrics)
     total_steps = steps * config["train"]["epochs"]
     # A parameter-server worker's counters start with this process (the servers held the
     # rest): per-step figures are over the steps it ran.
@@ -726,9 +764,13 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "engine": job.name,
         "world_size": job.world_size,
         "run_dir": str(run_dir),
-        "test_accuracy": test_accuracy,
+        "test_loss": tested["loss"],
+        # The test set's metrics (train.metrics, or the task's); test_accuracy when measured.
+        "test_metrics": {name: tested[name] for name in metrics},
+        "test_accuracy": tested.get("accuracy"),
         "test_examples": _test_examples(data),
         "final_train_loss": last_logs.get("loss"),
+        "final_train_metrics": {name: last_logs.get(name) for name in metrics},
         "final_train_accuracy": last_logs.get("accuracy"),
         "steps": total_steps,
         "parameters": params,

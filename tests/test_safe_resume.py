@@ -92,6 +92,14 @@ def test_a_changed_job_is_refused_and_a_longer_run_is_carried_over(tmp_path, str
     summary, _ = _finished(out)
     assert summary["resumed_from_step"] == 8
     assert summary["examples_per_epoch"] == [9 * 32] * 3
+    # The resumed epoch's figures count the one step it ran, not the 8 passed over: a dense
+    # exchange sends 1.0 of a dense all-reduce in every epoch.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(summary["run_dir"] + "/tensorboard")
+    events.Reload()
+    ratios = [e.value for e in events.Scalars("bytes_vs_dense")]
+    assert ratios[-3:] == pytest.approx([1.0] * 3)
 
 
 def test_a_damaged_newest_backup_gives_way_to_the_one_before(tmp_path, straight):

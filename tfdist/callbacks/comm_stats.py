@@ -8,6 +8,7 @@ import time
 import keras
 
 from tfdist.callbacks.scalars import ScalarWriter
+from tfdist.callbacks.start import skipping
 from tfdist.optimizers import chain_of
 
 
@@ -29,10 +30,12 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._start = time.perf_counter()
-        if self.first_step_began is None:
-            self.first_step_began = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
+        if skipping(self.model):  # a finished step of a resumed epoch: nothing ran
+            return
+        if self.first_step_began is None:
+            self.first_step_began = time.time() - (time.perf_counter() - self._start)
         self.times.append(time.perf_counter() - self._start)
 
 
@@ -59,6 +62,7 @@ class CommunicationStats(keras.callbacks.Callback):
         self._writer = None
         self._optimizer = None
         self._step = 0
+        self._epoch_start_time: float | None = None
 
     def on_train_begin(self, logs=None):
         self._optimizer = chain_of(self.model.optimizer)
@@ -75,9 +79,16 @@ class CommunicationStats(keras.callbacks.Callback):
         self._epoch_start_rounds = self._optimizer.communication_rounds
         self._epoch_start_calls = self._optimizer.collective_calls
         self._epoch_batches = 0
-        self._epoch_start_time = time.perf_counter()
+        self._epoch_start_time = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch_start_time is None:
+            self._epoch_start_time = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        if skipping(self.model):  # a finished step of a resumed epoch: nothing ran or was sent
+            self._epoch_start_time = None  # the epoch's time starts at its first real step
+            return
         self._step += 1
         self._epoch_batches += 1
         if self._writer is not None and self._step % self.update_freq == 0:
@@ -96,7 +107,8 @@ class CommunicationStats(keras.callbacks.Callback):
         # What dense all-reduces would send for the same batches: one per optimizer step.
         ratio = (sent / (dense * self._epoch_batches / micro_steps)
                  if dense and self._epoch_batches else None)
-        step_seconds = (time.perf_counter() - self._epoch_start_time) / max(self._epoch_batches, 1)
+        began = self._epoch_start_time or time.perf_counter()
+        step_seconds = (time.perf_counter() - began) / max(self._epoch_batches, 1)
         if logs is not None:
             logs["step_seconds"] = step_seconds
             logs["bytes_per_step"] = per_step

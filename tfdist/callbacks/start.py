@@ -37,6 +37,7 @@ class SkippedSteps:
             self.remove()
             return original(iterator)
 
+        train_function.skipped_steps = self  # type: ignore[attr-defined]  # read by `skipping`
         model.train_function = train_function
 
     def remove(self) -> None:
@@ -44,6 +45,13 @@ class SkippedSteps:
         if self._original is not None:
             self.model.train_function = self._original
             self._original = None
+
+
+def skipping(model) -> bool:
+    """Whether the batch `fit` is on is a finished step passed over (`SkippedSteps`: nothing
+    ran): callbacks that time steps or count what they sent leave it out."""
+    skipped = getattr(getattr(model, "train_function", None), "skipped_steps", None)
+    return skipped is not None and skipped.skipping
 
 
 class StartAt(keras.callbacks.Callback):

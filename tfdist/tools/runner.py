@@ -716,8 +716,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
-        evaluation = EpochEvaluation(data, timer, config,
-                                     announce=job.is_chief)
+        evaluation = EpochEvaluation(data, timer, config, announce=job.is_chief)
         callbacks.append(evaluation)
     if job.is_chief:
         callbacks.append(ScalarLog(str(run_dir / TENSORBOARD)))

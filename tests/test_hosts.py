@@ -2,7 +2,7 @@
 home and working directory; the launcher on this machine starts every worker through an ssh
 stand-in (so the chief is not on the launcher's host) and talks to the job only through the
 workers' standard streams; `train.output_dir` is the one shared directory. A kill -9 of every
-worker resumes exactly; the elastic launcher shrinks and grows."""
+worker, then a preemption notice, each resume exactly; the elastic launcher shrinks and grows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from tests.conftest import ROOT, worker_env
 from tests.jobs import final_weights, launcher_command, wait_for_backup
 from tests.test_resume import ELASTIC_JOB, _pid_of_worker
-from tfdist.tools import emulated
+from tfdist.tools import emulated, launch
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -46,19 +47,42 @@ def _launch(cluster, hostfile, out, *extra, min_workers="2"):
             "--set", f"train.output_dir={out}", *extra]
 
 
-@pytest.mark.parametrize("name", ["dense", "local_sgd", "powersgd", "zero2"])
-def test_kill_9_of_every_worker_then_the_same_command_equals_a_run_never_stopped(
-        hosts, uninterrupted, name):
-    """2 workers on 2 remote hosts, a backup every 4 steps; both workers are SIGKILLed as soon as
-    both have written the backup of step 16 (wherever their next steps have got to); the same
-    launch command again resumes from the newest backup both hold and ends with the weights of the
-    job never stopped on this machine, every epoch's examples trained on once."""
+def _signal_after(launcher, *, line: str, pids) -> float:
+    """Reads the launcher's output until `line`, then SIGTERMs `pids()`: when it was sent."""
+    deadline = time.monotonic() + 300
+    for text in launcher.stdout:  # the chief's line per epoch, through the launcher
+        if line in text:
+            break
+        assert time.monotonic() < deadline, f"{line!r} did not come in time"
+    else:
+        pytest.fail(f"the job ended before {line!r}: {launcher.communicate()[1][-3000:]}")
+    for pid in pids():
+        os.kill(pid, signal.SIGTERM)
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("name, target", [("dense", "worker 1"), ("zero2", "launcher"),
+                                          ("local_sgd", "worker 0"), ("powersgd", "worker 1")])
+def test_kill_9_then_a_notice_then_the_same_command_equals_a_run_never_stopped(
+        hosts, uninterrupted, name, target):
+    """2 workers on 2 remote hosts, a backup every 4 steps, one launch command run three times:
+    1. both workers are SIGKILLed as soon as both have written the backup of step 16 (wherever
+       their next steps have got to): the launcher fails, naming the kill;
+    2. the same command resumes from the newest backup both hold; in epoch 4 a SIGTERM (a
+       preemption notice) goes to `target`: every worker backs up at one step and all exit with
+       76 within the grace period;
+    3. the same command resumes from that step and ends with the weights of the job never
+       stopped on this machine (rtol 1e-5), every epoch's examples trained on once."""
     cluster, shared = hosts
-    out = shared / f"killed-{name}"
+    out = shared / f"stopped-{name}"
     command = launcher_command(out, name, "--hosts", ",".join(cluster.addresses[:2]), "--ssh",
                                SSH, extra=("--set", "train.checkpoint_steps=4"))
-    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
+
+    def start():
+        return subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    launcher = start()
     try:
         wait_for_backup(launcher, *(out / "backup" / f"process-{i}" / "step-16" / "meta.json"
                                     for i in (0, 1)))
@@ -72,13 +96,32 @@ def test_kill_9_of_every_worker_then_the_same_command_equals_a_run_never_stopped
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode != 0 and "exited with 137" in err, err[-3000:]
 
+    launcher = start()
+    try:
+        noticed = _signal_after(launcher, line="Epoch 4/6", pids=lambda: [
+            launcher.pid if target == "launcher" else
+            _pid_of_worker(str(out), int(target.split()[1]))])
+        _, err = launcher.communicate(timeout=120)
+        seconds = time.monotonic() - noticed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == launch.PREEMPTED_EXIT, err[-3000:]
+    assert "[launch] preempted: every worker backed up at the same step and exited with 76" \
+        in err, err[-3000:]
+    assert seconds < launch.PREEMPTION_GRACE
+    newest = [max(int(p.name.removeprefix("step-"))
+                  for p in (out / "backup" / f"process-{i}").glob("step-*")) for i in (0, 1)]
+    assert newest[0] == newest[1] and 36 <= newest[0] < 72, newest  # epoch 4 or later
+
     again = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True, text=True,
                            timeout=450)
     assert again.returncode == 0, again.stderr[-3000:]
     summary, weights = final_weights(out)
     reference_summary, reference = uninterrupted(name)
-    assert summary["resumed_from_step"] >= 16
+    assert summary["resumed_from_step"] == newest[0]
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    assert len(set(summary["examples_per_epoch"])) == 1 and len(summary["examples_per_epoch"]) == 6
     for a, b in zip(reference, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     assert not (out / "backup").exists()

@@ -4,7 +4,6 @@ never stopped; the data sequence is the same on every engine."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -18,7 +17,7 @@ import pytest
 
 import tfdist
 from tests.conftest import ROOT, worker_env
-from tests.jobs import final_weights, wait_for_backup
+from tests.jobs import final_weights
 from tests.workers import common
 from tfdist.tools import launch
 
@@ -226,7 +225,7 @@ def test_a_full_disk_stops_training_with_the_last_backup_intact(mirrored, small_
              directory, save_freq=4, hidden=(16,))
     assert sorted(p.name for p in (directory / "process-0").iterdir()) == ["step-4"]
 
-# -- elastic: 3 workers, one SIGKILLed, the launcher finishes on 2 ----------------------------------
+# -- elastic: the resize policy on 3 local workers (shrinking and growing: tests/test_hosts.py) ---
 def _pid_of_worker(marker: str, index: int) -> int | None:
     """The pid of the TF_CONFIG worker `index` whose command line holds `marker`."""
     for entry in os.listdir("/proc"):
@@ -270,31 +269,6 @@ def _assert_same_training(out, reference):
 
 
 @pytest.mark.multiprocess
-def test_elastic_launcher_finishes_on_the_workers_left_without_losing_an_example(
-        tmp_path, elastic_reference):
-    """Worker 1 of 3 is SIGKILLed after the backup of step 16 (mid-epoch 2); the launcher
-    reports the signal, restarts on 2 workers, which resume the backup (re-sharded global
-    batches: same sequence) and finish: exit 0, every epoch trained on as many examples as an
-    uninterrupted run, and (dense synchronous training) the same weights."""
-    launcher = subprocess.Popen(_elastic_command(tmp_path / "elastic"), cwd=ROOT,
-                                env=worker_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_for_backup(launcher,
-                        tmp_path / "elastic" / "backup" / "process-1" / "step-16" / "meta.json")
-        os.kill(_pid_of_worker(str(tmp_path / "elastic"), 1), signal.SIGKILL)
-        _, err = launcher.communicate(timeout=400)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launcher.pid, signal.SIGKILL)
-    assert launcher.returncode == 0, err[-3000:]
-    assert "[launch] worker 1 was killed by SIGKILL (signal 9)" in err
-    assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers (restart 1 of 3)" in err
-    summary = _assert_same_training(tmp_path / "elastic", elastic_reference)
-    assert summary["world_size"] == 2 and summary["resumed_from_step"] >= 16
-
-
-@pytest.mark.multiprocess
 def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference):
     """train.resize_policy=throughput: after 6 measured steps on 3 workers the job is moved to
     2 (does the third worker help?), measured again, and settles; each move printed with its
@@ -312,40 +286,6 @@ def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference)
     assert len(settled) >= 2, result.stdout[-3000:]  # one decision per size measured
     summary = _assert_same_training(out, elastic_reference)
     assert summary["world_size"] in (2, 3)
-
-
-@pytest.mark.multiprocess
-def test_workers_joining_by_themselves_grow_the_job_at_its_next_backup(tmp_path,
-                                                                       elastic_reference):
-    """--elastic --hostfile: the job starts on the 2 slots the hostfile lists; after its first
-    backup the hostfile lists 3; the launcher offers them, the job grows to 3 at its next backup
-    and resumes there: every epoch trained on as many examples as 3 uninterrupted workers, and
-    the same weights."""
-    hostfile = tmp_path / "hosts.txt"
-    hostfile.write_text("127.0.0.1 slots=2\n")
-    out = tmp_path / "joined"
-    command = [sys.executable, "-m", "tfdist.launch", "--elastic", "--hostfile", str(hostfile),
-               "--max-workers", "3", "--timeout", "400", "--", sys.executable, "-m",
-               "tfdist.tools.cli", "train", *ELASTIC_JOB, "--set", f"train.output_dir={out}"]
-    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_for_backup(launcher, out / "backup" / "process-1" / "step-4" / "meta.json",
-                        poll=0.05)
-        hostfile.write_text("127.0.0.1 slots=3\n")  # a worker joins
-        _, err = launcher.communicate(timeout=400)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launcher.pid, signal.SIGKILL)
-    assert launcher.returncode == 0, err[-3000:]
-    assert (f"[launch] elastic: {hostfile} offers 3 slots; the job grows from 2 to 3 workers at "
-            "its next backup") in err
-    grown = re.search(r"\[launch\] elastic: resizing from 2 to 3 workers \(1 more worker\(s\) "
-                      r"offered by the launcher; the backup of step (\d+) resumes on 3\)", err)
-    assert grown, err[-3000:]
-    summary = _assert_same_training(out, elastic_reference)
-    assert summary["world_size"] == 3
-    assert summary["resumed_from_step"] == int(grown.group(1)) >= 8
 
 
 def test_an_elastic_hostfile_sets_the_size_and_bad_combinations_are_refused(tmp_path, capsys):
@@ -389,5 +329,6 @@ def test_the_throughput_policy_settles_on_the_fewest_workers_that_do_as_well():
     assert decide({3: 300.0, 2: 200.0, 4: 305.0}, 4, 2, 4)[0] == 3  # 4 within 5% of 3
     assert decide({1: 100.0}, 1, 1, 1)[0] == 1
     assert tfdist.callbacks.RESIZE_EXIT == launch.RESIZE_EXIT
-    from tfdist.callbacks.resize import REQUEST_TAG
+    from tfdist.callbacks.channel import NOTICES_ENV, REQUEST_TAG
     assert REQUEST_TAG == launch.REQUEST_TAG  # the launcher reads what the chief writes
+    assert NOTICES_ENV == launch.NOTICES_ENV  # and the job reads the notices it sends

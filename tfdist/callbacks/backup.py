@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from tfdist._hooks.training import set_initial_epoch
 from tfdist.arguments import check_bool, check_int
+from tfdist.callbacks.channel import launcher_channel
 from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import replica_copies, resolve
 
@@ -305,6 +306,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "preemption_signals=() and stop the job another way.")
         for number in self.preemption_signals:
             self._previous_handlers[number] = signal.signal(number, self._on_signal)
+        launcher_channel().listen()  # notices the launcher passes on as lines (over ssh)
 
     def _restore_handlers(self) -> None:
         for number, handler in self._previous_handlers.items():

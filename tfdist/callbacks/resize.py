@@ -7,21 +7,15 @@ at each size it runs at, asks a policy which size to run at, and when that is an
 the job up, tells the launcher the size wanted (with its reason) and ends every process with
 `RESIZE_EXIT`; the launcher restarts the job at the new size and it resumes from the backup.
 
-The launcher and the job talk through the channels every launcher has, on one machine or over
-ssh, and never through a file (the hosts need not share one): the launcher passes the sizes
-allowed and the throughput measured so far in the environment (TFDIST_ELASTIC,
-TFDIST_ELASTIC_MIN_WORKERS, TFDIST_ELASTIC_MAX_WORKERS, TFDIST_ELASTIC_MEASURED), offers more
-workers on the chief's standard input (a line `{"offer": n}`), and reads the chief's request from
-its standard output (a line starting with `REQUEST_TAG`). Without them (not under the elastic
-launcher) the callbacks only measure.
+The launcher and the job talk through the standard streams every launcher has, on one machine
+or over ssh, and never through a file (`tfdist.callbacks.channel`): the sizes allowed and the
+throughput measured so far in the environment, offers on the chief's standard input, the chief's
+request on its standard output. Without them (not under the elastic launcher) the callbacks only
+measure.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -30,76 +24,11 @@ import tensorflow as tf
 
 from tfdist.arguments import check_int, check_number
 from tfdist.callbacks.backup import BackupAndRestore
+from tfdist.callbacks.channel import launcher_channel
 from tfdist.comm import resolve
 
 RESIZE_EXIT = 75  # EX_TEMPFAIL: "run me again" (at the size the request names)
-REQUEST_TAG = "[tfdist] elastic request "  # then {"size": n, "reason": ..., "measured": {...}}
 
-
-class LauncherChannel:
-    """This process's side of the elastic launcher's channel (see the module docstring)."""
-
-    def __init__(self, environ=None, stdin=None):
-        environ = os.environ if environ is None else environ
-        self.active = environ.get("TFDIST_ELASTIC") == "1"
-        self.low = _int_or(environ.get("TFDIST_ELASTIC_MIN_WORKERS"), None)
-        self.high = _int_or(environ.get("TFDIST_ELASTIC_MAX_WORKERS"), None)
-        try:
-            measured = json.loads(environ.get("TFDIST_ELASTIC_MEASURED") or "{}")
-            self.measured = {int(k): float(v) for k, v in measured.items()}
-        except (ValueError, TypeError, AttributeError):
-            self.measured = {}
-        self._stdin = stdin
-        self._offer = 0
-        self._listening = False
-        self._lock = threading.Lock()
-
-    def listen(self) -> None:
-        """Starts reading the launcher's offers from standard input (once; the chief)."""
-        if not self.active or self._listening:
-            return
-        self._listening = True
-        threading.Thread(target=self._read, daemon=True, name="tfdist-elastic-offers").start()
-
-    def _read(self) -> None:
-        stream = self._stdin if self._stdin is not None else sys.stdin
-        for line in iter(stream.readline, ""):
-            try:
-                offer = int(json.loads(line.strip())["offer"])
-            except (ValueError, KeyError, TypeError):
-                continue  # not an offer (a terminal may echo other input)
-            with self._lock:
-                self._offer = max(self._offer, offer)
-
-    def offer(self) -> int:
-        """The most workers the launcher has offered so far (0: none)."""
-        with self._lock:
-            return self._offer
-
-    def request(self, size: int, reason: str, measured: dict[int, float]) -> None:
-        """Asks the launcher to restart the job on `size` workers (the chief, before it exits
-        with RESIZE_EXIT)."""
-        print(REQUEST_TAG + json.dumps({"size": size, "reason": reason,
-                                        "measured": {str(k): v for k, v in measured.items()}}),
-              flush=True)
-
-
-def _int_or(text, default):
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return default
-
-
-_channel: LauncherChannel | None = None
-
-
-def launcher_channel() -> LauncherChannel:
-    """This process's channel to the elastic launcher (one per process)."""
-    global _channel
-    if _channel is None:
-        _channel = LauncherChannel()
-    return _channel
 
 Policy = Callable[[dict[int, float], int, int, int], tuple[int, str]]
 

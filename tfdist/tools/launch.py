@@ -180,12 +180,20 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption notices, passed to workers
+# A process the launcher reaches over ssh gets notices as a line on its standard input
+# (`tfdist.callbacks.channel`): a signal to the local ssh client would end the session instead.
+NOTICES_ENV = "TFDIST_NOTICES"  # tfdist.callbacks.channel.NOTICES_ENV
+
+
+def _by_line(env: dict[str, str]) -> bool:
+    return env.get(NOTICES_ENV) == "stdin"
 
 
 @contextlib.contextmanager
-def _forwarding(procs: list[subprocess.Popen], noticed: list[float]):
-    """While inside: SIGTERM and SIGUSR1 sent to this launcher go to every worker's process
-    group (a preemption notice: the workers back up and exit), and the time is noted."""
+def _forwarding(procs: list[subprocess.Popen], noticed: list[float], by_line: list[bool]):
+    """While inside: SIGTERM and SIGUSR1 sent to this launcher go to every worker (a preemption
+    notice: the workers back up and exit): to its process group, or as a line on its standard
+    input where `by_line` says so (a worker over ssh); the time is noted."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -195,8 +203,14 @@ def _forwarding(procs: list[subprocess.Popen], noticed: list[float]):
             print(f"[launch] {signal.Signals(number).name} received: passing it to the workers "
                   "(they back up at the step in flight and exit)", file=sys.stderr, flush=True)
         noticed.append(time.monotonic())
-        for proc in procs:
-            if proc.poll() is None:
+        for proc, line in zip(procs, by_line):
+            if proc.poll() is not None:
+                continue
+            if line and proc.stdin is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    proc.stdin.write(json.dumps({"notice": signal.Signals(number).name}) + "\n")
+                    proc.stdin.flush()
+            else:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, number)
 
@@ -255,7 +269,8 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
         try:
             proc = subprocess.Popen(
                 argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                stdin=subprocess.DEVNULL if on_start is None else subprocess.PIPE,
+                stdin=subprocess.PIPE if on_start is not None or _by_line(env) else
+                subprocess.DEVNULL,
                 start_new_session=True,
             )
         except (FileNotFoundError, PermissionError) as e:
@@ -272,7 +287,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
     noticed: list[float] = []  # when preemption notices arrived
     over_at: float | None = None  # when the last server exited 0: the job is over
     try:
-        with _forwarding(procs, noticed):
+        with _forwarding(procs, noticed, [_by_line(env) for _, env in commands]):
             for rank in range(len(commands)):
                 procs.append(start(rank))
             deadline = time.monotonic() + timeout
@@ -355,7 +370,7 @@ DEFAULT_PORT = 23456
 JOB_OVER_GRACE = 20.0  # seconds a worker may run on after the parameter servers finished
 DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
-REQUEST_TAG = "[tfdist] elastic request "  # tfdist.callbacks.resize.REQUEST_TAG
+REQUEST_TAG = "[tfdist] elastic request "  # tfdist.callbacks.channel.REQUEST_TAG
 MAX_RESIZES = 16
 
 
@@ -624,13 +639,14 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
                 passed = {k: v for k, v in base.items()
                           if k.startswith(("TF_", "TFDIST_", "PYTHON"))
                           and k not in ("TF_CONFIG", SECRET_ENV)}
+                passed[NOTICES_ENV] = "stdin"  # a signal to ssh would not reach it
                 if base.get(SECRET_ENV):
                     passed[SECRET_FILE_ENV] = remote_secret_file(base[SECRET_ENV])
                 exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in
                                    sorted({**passed, "TF_CONFIG": config}.items()))
                 remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
                           f"{' '.join(shlex.quote(a) for a in argv)}")
-                commands.append(([*shlex.split(ssh), host, remote], base))
+                commands.append(([*shlex.split(ssh), host, remote], {**base, NOTICES_ENV: "stdin"}))
             rank += 1
     return commands
 

@@ -32,10 +32,9 @@ WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 def mirrored():
     """Factory: a MirroredStrategy over the first n logical CPU devices."""
     from tests.workers.common import cpu_devices
-    from tfdist.strategies import new_mirrored_strategy
 
     def make(n: int = 2):
-        return new_mirrored_strategy(cpu_devices(n))
+        return tf.distribute.MirroredStrategy(cpu_devices(n))
 
     return make
 

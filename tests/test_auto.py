@@ -69,9 +69,8 @@ def _train_parts(strategy, steps, parts):
 def picked():
     """12 steps over 2 replicas with the default candidates: link probe, 3 x 3 probe steps."""
     from tests.workers.common import cpu_devices
-    from tfdist.strategies import new_mirrored_strategy
 
-    strategy = new_mirrored_strategy(cpu_devices(2))
+    strategy = tf.distribute.MirroredStrategy(cpu_devices(2))
     model, opt = _train_parts(strategy, 12, [AutoExchange(explore=100.0)])  # tries all
     return model, opt, opt.chain.part(AutoExchange), strategy
 

@@ -74,7 +74,7 @@ def test_hogwild_trains_the_digits_on_two_replicas():
 
 
 def test_hogwild_needs_shared_weights():
-    strategy = tfdist.strategies.new_mirrored_strategy(cpu_devices(2))
+    strategy = tf.distribute.MirroredStrategy(cpu_devices(2))
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer=tfdist.ps.HogwildSGD(0.1), loss="mse", jit_compile=False)

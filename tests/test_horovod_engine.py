@@ -35,8 +35,7 @@ def test_import_tfdist_works_without_horovod():
 @needs_horovod
 def test_horovod_optimizers_are_the_engine_neutral_classes():
     """One class per algorithm whatever the engine: a Horovod-saved optimizer's config names
-    tfdist.DistributedOptimizer (so it loads anywhere), and the names tfdist 0.1 saved under
-    ("tfdist.horovod>...") still load."""
+    tfdist.DistributedOptimizer (so it loads anywhere)."""
     import tfdist
     import tfdist.horovod as thvd
 
@@ -45,9 +44,8 @@ def test_horovod_optimizers_are_the_engine_neutral_classes():
     assert type(opt) is tfdist.DistributedOptimizer  # Horovod's spelling builds tfdist's class
     config = keras.saving.serialize_keras_object(opt)
     assert config["registered_name"] == "tfdist>DistributedOptimizer"
-    for name in ("tfdist>DistributedOptimizer", "tfdist.horovod>DistributedOptimizer"):
-        again = keras.saving.deserialize_keras_object({**config, "registered_name": name})
-        assert type(again) is tfdist.DistributedOptimizer and again.accumulation_steps == 2
+    again = keras.saving.deserialize_keras_object(config)
+    assert type(again) is tfdist.DistributedOptimizer and again.accumulation_steps == 2
 
 
 @needs_horovod

@@ -9,7 +9,6 @@ import tfdist
 from tests.workers import common
 from tfdist.comm import bucketed_all_reduce, ring_bytes, sparse_all_reduce
 from tfdist.optimizers import chain_of
-from tfdist.strategies import new_mirrored_strategy
 from tfdist.tools.bench.compressors import LoopbackCommunicator
 
 VOCAB, DIM, TOKENS, CLASSES, BATCH, STEPS = 1000, 16, 12, 5, 32, 8
@@ -30,7 +29,7 @@ def _build() -> keras.Model:
 
 
 def _fit(replicas, make_optimizer, drop_remainder=False):
-    strategy = new_mirrored_strategy(common.cpu_devices(replicas))
+    strategy = tf.distribute.MirroredStrategy(common.cpu_devices(replicas))
     with strategy.scope():
         model = _build()
         model.compile(optimizer=make_optimizer(),
@@ -100,7 +99,7 @@ def test_loss_scaling_and_norm_tracking_take_the_rows_as_they_come(single):
 def test_a_nonfinite_row_stops_every_replica():
     """A NaN in the embedding table reaches one replica's rows: the summed rows are non-finite
     on every replica, and nan_policy="raise" stops training naming the step."""
-    strategy = new_mirrored_strategy(common.cpu_devices(2))
+    strategy = tf.distribute.MirroredStrategy(common.cpu_devices(2))
     with strategy.scope():
         model = _build()
         model.compile(optimizer=tfdist.DistributedOptimizer(_sgd()),

@@ -63,8 +63,8 @@ def test_column_and_row_parallel_dense_equal_dense(n):
     inputs = keras.Input((8,))
     tp = keras.Model(inputs, row(column(inputs)))
     meg = keras.Model(inputs, megatron_row(megatron_col(inputs)))
-    column.load_dense(*dense1.get_weights())  # the older spelling stays
-    row.load_dense(*dense2.get_weights())
+    column.load_from(dense1)
+    row.load_from(dense2)
     megatron_col.load_from(dense1)
     megatron_row.load_from(dense2)
 

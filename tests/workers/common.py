@@ -120,7 +120,7 @@ def train_pipelined(engine: str, kind: str, steps: int, global_batch: int,
                     schedule: str = "gpipe") -> keras.Model:
     """Trains the pipelined digits MLP over 2 devices: on one process with the global batch
     ("local"), or one pipeline per Horovod rank, each on its slice of the global batch."""
-    from tfdist.pipeline import place_slots
+    from tfdist.devices import place_slots
 
     x, y = load_digits()
     model = make_pipelined_model(kind, cpu_devices(2), schedule)

@@ -46,14 +46,6 @@ def fresh_collective_keys() -> None:
         setattr(cls, KEY_BASE_ATTRIBUTE, _FreshKeyBase())
 
 
-def new_mirrored_strategy(devices=None, cross_device_ops=None) -> tf.distribute.MirroredStrategy:
-    """A `tf.distribute.MirroredStrategy` whose collectives do not clash with other strategies'
-    (every MirroredStrategy created after `import tfdist` has that already; kept for code that
-    calls it)."""
-    fresh_collective_keys()
-    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
-
-
 def uses_merge_call() -> bool:
     """Whether the current strategy needs `merge_call` for cross-replica work."""
     return not tf.__internal__.distribute.strategy_supports_no_merge_call()

@@ -20,8 +20,6 @@ Importing this module does not import Horovod; `init()` does.
 
 from __future__ import annotations
 
-import keras
-
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod
 from tfdist.horovod import callbacks
@@ -40,12 +38,7 @@ from tfdist.horovod.keras_api import (
     join,
     local_size,
 )
-from tfdist.optimizers import DistributedOptimizer as _DistributedOptimizer
 from tfdist.zero import ZeroOptimizer
-
-# Models saved by tfdist 0.1 name these classes under the "tfdist.horovod" package.
-for _cls in (_DistributedOptimizer, ZeroOptimizer):
-    keras.saving.get_custom_objects()[f"tfdist.horovod>{_cls.__name__}"] = _cls
 
 
 def __getattr__(name: str):

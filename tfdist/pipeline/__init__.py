@@ -9,12 +9,11 @@
 * `cluster_devices` (`cluster.py`): one device per TF_CONFIG worker, so stages (and rows of
   data-parallel pipelines) run in other processes and hosts through TF's cluster runtime;
 * `schedule`: the schedules as pure clock tables; `PipelineStats` (`stats.py`): what a run kept;
-* `place_slots`, `default_devices` (from `tfdist.devices`).
 
-Tensor-parallel layers are in `tfdist.tensor_parallel` (also re-exported here).
+Placing optimizer slots with their variables is `tfdist.devices.place_slots`; tensor-parallel
+layers are in `tfdist.tensor_parallel`.
 """
 
-from tfdist.devices import default_devices, on_device, place_slots
 from tfdist.pipeline import schedule
 from tfdist.pipeline.balance import balance_by_size, balance_by_time, partition, split
 from tfdist.pipeline.cluster import cluster_devices
@@ -22,23 +21,17 @@ from tfdist.pipeline.layer import Pipeline
 from tfdist.pipeline.model import PipelineModel
 from tfdist.pipeline.skip import Pop, Stash
 from tfdist.pipeline.stats import PipelineStats
-from tfdist.tensor_parallel import ColumnParallelDense, RowParallelDense
 
 __all__ = [
-    "ColumnParallelDense",
     "Pipeline",
     "PipelineModel",
     "PipelineStats",
     "Pop",
-    "RowParallelDense",
     "Stash",
     "balance_by_size",
     "balance_by_time",
     "cluster_devices",
-    "default_devices",
-    "on_device",
     "partition",
-    "place_slots",
     "schedule",
     "split",
 ]

@@ -1,6 +1,5 @@
 """tf.distribute.Strategy subclasses (the tf.distribute engine)."""
 
-from tfdist._hooks.distribute import new_mirrored_strategy
 from tfdist.strategies.compressed import CompressedStrategy, MultiWorkerCompressedStrategy
 from tfdist.strategies.local_sgd import LocalSGDStrategy, MultiWorkerLocalSGDStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
@@ -11,5 +10,4 @@ __all__ = [
     "MultiWorkerLocalSGDStrategy",
     "MultiWorkerCompressedStrategy",
     "MultiWorkerMirroredStrategy",
-    "new_mirrored_strategy",
 ]

@@ -45,7 +45,7 @@ class _Parallel(keras.layers.Layer):
         if not isinstance(layer, keras.layers.Dense):
             raise ValueError(f"{type(self).__name__}.load_from takes a keras.layers.Dense, got "
                              f"{layer!r}.")
-        self.load_dense(layer.kernel, layer.bias if layer.use_bias else None)
+        self._load(layer.kernel, layer.bias if layer.use_bias else None)
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "devices": list(self.devices),
@@ -92,7 +92,7 @@ class ColumnParallelDense(_Parallel):
             return (*input_shape[:-1], self.units)
         return [(*input_shape[:-1], self.units // n)] * n
 
-    def load_dense(self, kernel, bias=None) -> None:
+    def _load(self, kernel, bias=None) -> None:
         """Sets the blocks from a full Dense kernel and bias (`dense.get_weights()`)."""
         for d, block in enumerate(tf.split(kernel, len(self.devices), axis=1)):
             self.kernels[d].assign(block)
@@ -139,7 +139,7 @@ class RowParallelDense(_Parallel):
         shape = input_shape[0] if self.input_is_parallel else input_shape
         return (*shape[:-1], self.units)
 
-    def load_dense(self, kernel, bias=None) -> None:
+    def _load(self, kernel, bias=None) -> None:
         """Sets the blocks from a full Dense kernel and bias (`dense.get_weights()`)."""
         for d, block in enumerate(tf.split(kernel, len(self.devices), axis=0)):
             self.kernels[d].assign(block)

@@ -75,7 +75,6 @@ from tfdist.ps import (
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import write_report
 from tfdist.ps.server import JOB_OVER
-from tfdist.strategies import new_mirrored_strategy
 from tfdist.tools.config import ConfigError, make_compressor, make_parts, metrics_of
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
@@ -134,7 +133,7 @@ def make_job(config: dict[str, Any]) -> Job:
         return Job(name, strategy, DistributeEngine(strategy))
     if name == "mirrored":
         devices = local_devices(config["engine"]["devices"])
-        strategy = new_mirrored_strategy(devices)
+        strategy = tf.distribute.MirroredStrategy(devices)
         return Job(name, strategy, DistributeEngine(strategy))
     return Job(name, None, LocalEngine())
 

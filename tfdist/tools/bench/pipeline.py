@@ -24,7 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.pipeline import Pipeline, place_slots
+from tfdist.devices import place_slots
+from tfdist.pipeline import Pipeline
 from tfdist.pipeline.schedule import bubble_fraction
 
 __all__ = ["stage_idle_fractions", "pipeline_rows", "pipeline_table"]

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 
 from tfdist.callbacks import StepTimer
 from tfdist.tools.bench import plots
@@ -95,12 +96,11 @@ def _median_ms(samples: list[list[float]]) -> float:
 
 def _in_process(steps: int, repeats: int) -> list[dict]:
     from tfdist.devices import local_devices
-    from tfdist.strategies import new_mirrored_strategy
 
     devices = local_devices(2)
     engines: dict[str, tuple] = {}
     for key, wrap in (("baseline", False), ("tfdist", True)):
-        strategy = new_mirrored_strategy(devices)
+        strategy = tf.distribute.MirroredStrategy(devices)
         model, opt = _build(strategy, wrap)
         data = _dataset(strategy)
         _timed_fit(model, data, 3)  # trace and warm up
@@ -304,7 +304,6 @@ def _memory_rows() -> list[dict]:
 
     from tfdist import DistributedOptimizer, ZeroOptimizer
     from tfdist.devices import local_devices
-    from tfdist.strategies import new_mirrored_strategy
     from tfdist.tools.models import build_model
     from tfdist.zero import ShardedModel, memory_report
 
@@ -321,7 +320,7 @@ def _memory_rows() -> list[dict]:
                                                 accumulation_steps=2)),
                 ("zero3", lambda: ZeroOptimizer(keras.optimizers.Adam(), stage=3,
                                                 accumulation_steps=2))):
-            strategy = new_mirrored_strategy(devices[:n])
+            strategy = tf.distribute.MirroredStrategy(devices[:n])
             with strategy.scope():
                 keras.utils.set_random_seed(0)
                 model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)

@@ -37,16 +37,6 @@ def _reference(mirrored, steps=6, accumulation_steps=1, optimizer="sgd"):
     return common.weights(model)
 
 
-def _run_two(engine, argv):
-    """Runs `argv` as 2 Horovod ranks or 2 TF_CONFIG workers; both must succeed."""
-    if engine == "horovod":
-        result = run_horovod(argv, 2, TIMEOUT, env=worker_env())
-        assert result.returncode == 0, result.output[-5000:]
-    else:
-        results = run_tf_workers(argv, 2, TIMEOUT, env=worker_env())
-        assert [r.returncode for r in results] == [0, 0], _outputs(results)
-
-
 def _check_ranks(out, reference, params):
     w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)  # identical on both workers
@@ -103,14 +93,43 @@ def horovod_runs(tmp_path_factory):
     return {name: root / name for name in jobs}
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_two_tf_config_workers_match_mirrored_strategy(mirrored, worker_cmd, tmp_path, optimizer):
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--optimizer", optimizer],
-        2, TIMEOUT, env=worker_env())
+# The TF_CONFIG jobs that must succeed on tfdist.MultiWorkerMirroredStrategy, run one after
+# another by one pair of workers sharing one strategy (creating a TF_CONFIG strategy costs a
+# process; each job is its own fit from a fresh Keras session): {name: options}.
+TF_CONFIG_JOBS = {
+    "sgd": ["--optimizer", "sgd"],
+    "adam": ["--optimizer", "adam"],
+    "powersgd": ["--hidden", "64", "--compressor", POWERSGD],
+    "auto": ["--hidden", "64", "--steps", "12", "--auto-exchange"],
+    "accordion": ["--hidden", "64", "--steps", "8", "--accordion"],
+    "local_sgd": ["--steps", "7", "--local-sgd", "3"],
+    "zero3": ["--optimizer", "adam", "--steps", "20", "--zero", "3"],
+    "zero_checkpoint": ["--optimizer", "adam", "--steps", "10", "--zero", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def tf_config_runs(tmp_path_factory):
+    """TF_CONFIG_JOBS on 2 TF_CONFIG workers: {name: the job's output directory}. A job with a
+    checkpoint saves to DIR/ckpt/zero.keras."""
+    root = tmp_path_factory.mktemp("tf_config_jobs")
+    jobs = {}
+    for name, options in TF_CONFIG_JOBS.items():
+        checkpoint = ["--checkpoint", str(root / name / "ckpt" / "zero.keras")] \
+            if name == "zero_checkpoint" else []
+        jobs[name] = ["--engine", "multi_worker", "--out", str(root / name), *options,
+                      *checkpoint]
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    results = run_tf_workers([sys.executable, WORKER, "--jobs", str(root / "jobs.json")], 2,
+                             3 * TIMEOUT, env=worker_env())
     assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    return {name: root / name for name in jobs}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_tf_config_workers_match_mirrored_strategy(mirrored, tf_config_runs, optimizer):
     reference = _reference(mirrored, optimizer=optimizer)
-    _check_ranks(tmp_path, reference, common.make_model().count_params())
+    _check_ranks(tf_config_runs[optimizer], reference, common.make_model().count_params())
 
 
 def test_plain_tf_multi_worker_strategy_fails_under_fit(worker_cmd, tmp_path):
@@ -193,12 +212,8 @@ def _assert_identical_and_trained(out):
     assert stats[0]["bytes_sent"] == stats[1]["bytes_sent"] < 0.5 * dense
 
 
-def test_two_tf_config_workers_with_powersgd_end_identical(worker_cmd, tmp_path):
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
-         "--compressor", POWERSGD], 2, TIMEOUT, env=worker_env())
-    assert [r.returncode for r in results] == [0, 0], _outputs(results)
-    _assert_identical_and_trained(tmp_path)
+def test_two_tf_config_workers_with_powersgd_end_identical(tf_config_runs):
+    _assert_identical_and_trained(tf_config_runs["powersgd"])
 
 
 def test_multi_worker_compressed_strategy_with_powersgd_ends_identical(worker_cmd, tmp_path):
@@ -232,12 +247,8 @@ def _assert_same_auto_pick(out):
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
 
 
-def test_auto_exchange_picks_the_same_on_two_tf_config_workers(worker_cmd, tmp_path):
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
-         "--steps", "12", "--auto-exchange"], 2, TIMEOUT, env=worker_env())
-    assert [r.returncode for r in results] == [0, 0], _outputs(results)
-    _assert_same_auto_pick(tmp_path)
+def test_auto_exchange_picks_the_same_on_two_tf_config_workers(tf_config_runs):
+    _assert_same_auto_pick(tf_config_runs["auto"])
 
 
 @needs_horovod
@@ -246,15 +257,12 @@ def test_auto_exchange_picks_the_same_on_two_horovod_ranks(horovod_runs):
     _assert_same_auto_pick(horovod_runs["auto"])
 
 
-def test_accordion_decisions_agree_across_tf_config_workers(worker_cmd, tmp_path):
-    results = run_tf_workers(
-        [*worker_cmd, "--engine", "multi_worker", "--out", str(tmp_path), "--hidden", "64",
-         "--steps", "8", "--accordion"], 2, TIMEOUT, env=worker_env())
-    assert [r.returncode for r in results] == [0, 0], _outputs(results)
-    stats = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+def test_accordion_decisions_agree_across_tf_config_workers(tf_config_runs):
+    out = tf_config_runs["accordion"]
+    stats = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert len(stats[0]["decisions"]) == 4 and stats[0]["decisions"] == stats[1]["decisions"]
     assert stats[0]["bytes_sent"] == stats[1]["bytes_sent"]
-    w0, w1 = (common.load_weights(str(tmp_path / f"rank{r}.npz")) for r in (0, 1))
+    w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
 
 
@@ -284,18 +292,15 @@ def _assert_local_sgd_ranks(out):
 
 
 @pytest.fixture(scope="module")
-def local_sgd_runs(tmp_path_factory):
+def local_sgd_runs(tmp_path_factory, tf_config_runs):
     """Local SGD (H=3, 7 steps) on 2 TF_CONFIG workers, once with each `step_logs`; the
-    output directory of each."""
-    runs = {}
-    for mode in ("averaged", "local"):
-        out = tmp_path_factory.mktemp(f"local_sgd_{mode}")
-        results = run_tf_workers(
-            [sys.executable, WORKER, "--engine", "multi_worker", "--out", str(out), "--steps",
-             "7", "--local-sgd", "3", "--step-logs", mode], 2, TIMEOUT, env=worker_env())
-        assert [r.returncode for r in results] == [0, 0], _outputs(results)
-        runs[mode] = out
-    return runs
+    output directory of each (the averaged one is a job of `tf_config_runs`)."""
+    out = tmp_path_factory.mktemp("local_sgd_local")
+    results = run_tf_workers(
+        [sys.executable, WORKER, "--engine", "multi_worker", "--out", str(out), "--steps",
+         "7", "--local-sgd", "3", "--step-logs", "local"], 2, TIMEOUT, env=worker_env())
+    assert [r.returncode for r in results] == [0, 0], _outputs(results)
+    return {"averaged": tf_config_runs["local_sgd"], "local": out}
 
 
 def _logs(out):
@@ -387,16 +392,12 @@ def test_zero_on_two_horovod_ranks_matches_adam(mirrored, horovod_runs, stage, o
 
 @pytest.mark.parametrize("engine", [
     "multi_worker", pytest.param("horovod", marks=[needs_horovod, pytest.mark.horovod])])
-def test_zero3_on_two_processes_matches_adam(mirrored, worker_cmd, request, tmp_path, engine):
+def test_zero3_on_two_processes_matches_adam(mirrored, request, engine):
     """ZeRO stage 3 (ShardedModel + ZeroOptimizer(Adam, stage=3)) over 2 TF_CONFIG workers or
     2 Horovod ranks: each process holds half of every layer's parameters and Adam's state; 20
     steps equal plain Adam under MirroredStrategy (the weights gathered on both processes)."""
-    if engine == "horovod":
-        out = request.getfixturevalue("horovod_runs")["zero3"]
-    else:
-        out = tmp_path
-        _run_two(engine, [*worker_cmd, "--engine", engine, "--out", str(out), "--optimizer",
-                          "adam", "--steps", "20", "--zero", "3"])
+    runs = "horovod_runs" if engine == "horovod" else "tf_config_runs"
+    out = request.getfixturevalue(runs)["zero3"]
     w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)
     common.assert_weights_close(w0, _reference(mirrored, steps=20, optimizer="adam"),
@@ -408,8 +409,7 @@ def test_zero3_on_two_processes_matches_adam(mirrored, worker_cmd, request, tmp_
     ("multi_worker", None),
     pytest.param("horovod", None, marks=[needs_horovod, pytest.mark.horovod]),
     pytest.param("horovod", "disk", marks=[needs_horovod, pytest.mark.horovod])])
-def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, request,
-                                                          tmp_path, engine, offload):
+def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, request, engine, offload):
     """ZeroOptimizer(Adam) on 2 processes == plain Adam. Each process holds half of Adam's
     state; tfdist.callbacks.ModelCheckpoint, passed on every rank, has the save gather the
     halves and only rank 0 write. The file loads on 4 replicas and, trained on, equals 20
@@ -418,14 +418,8 @@ def test_zero_checkpoint_of_two_processes_is_consolidated(mirrored, worker_cmd, 
 
     import tfdist
 
-    if engine == "horovod":
-        out = request.getfixturevalue("horovod_runs")[_job("zero_checkpoint", offload)]
-    else:
-        out = tmp_path
-        _run_two(engine, [*worker_cmd, "--engine", engine, "--out", str(out), "--optimizer",
-                          "adam", "--steps", "10", "--zero", "2", "--checkpoint",
-                          str(out / "ckpt" / "zero.keras"),
-                          *(["--offload", offload] if offload else [])])
+    runs = "horovod_runs" if engine == "horovod" else "tf_config_runs"
+    out = request.getfixturevalue(runs)[_job("zero_checkpoint", offload)]
     ckpt = out / "ckpt" / "zero.keras"
     w0, w1 = (common.load_weights(str(out / f"rank{r}.npz")) for r in (0, 1))
     common.assert_weights_close(w0, w1, rtol=0, atol=0)

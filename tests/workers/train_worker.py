@@ -4,7 +4,8 @@
     python tests/workers/train_worker.py --jobs JOBS.json
 
 Writes DIR/rank{R}.npz and DIR/rank{R}.json (bytes sent, rounds) and prints DONE. `--jobs` runs
-several Horovod jobs one after another in this process, each its own fit from a fresh Keras
+several jobs of one engine one after another in this process (TF_CONFIG jobs share one
+tfdist.MultiWorkerMirroredStrategy), each its own fit from a fresh Keras
 session: JOBS.json maps a name to the job's options (each with its own --out).
 """
 
@@ -73,17 +74,25 @@ def main() -> None:
 
     with open(args.jobs) as f:
         jobs = {name: p.parse_args(options) for name, options in json.load(f).items()}
+    engines = {job.engine for job in jobs.values()}
     for name, job in jobs.items():
-        if job.engine != "horovod" or job.levels or not job.out:
-            # One process holds one TF_CONFIG strategy, and one set of Horovod process sets.
-            p.error(f"job {name!r}: --jobs runs Horovod jobs with an --out and no --levels")
+        # One process holds one TF_CONFIG strategy (shared by the jobs), and one set of
+        # Horovod process sets.
+        if len(engines) > 1 or job.levels or not job.out or job.mismatch_rank >= 0 or \
+                job.strategy_local_sgd or job.strategy_compressor or job.plain_strategy or \
+                job.step_logs != "averaged":
+            p.error(f"job {name!r}: --jobs runs jobs of one engine (Horovod, or tfdist's "
+                    "MultiWorkerMirroredStrategy) with an --out and no --levels, --mismatch-rank "
+                    "or strategy options")
+    strategy = None
     for name, job in jobs.items():
         print(f"JOB {name}", flush=True)
-        run(job)
+        strategy = run(job, strategy)
         keras.backend.clear_session()
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, strategy=None):
+    """Runs one job; returns its TF_CONFIG strategy (given, or made here) for the next."""
     import keras
     import tensorflow as tf
 
@@ -98,7 +107,9 @@ def run(args: argparse.Namespace) -> None:
         engine, strategy = "horovod", None
     else:
         options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=args.timeout)
-        if args.strategy_local_sgd:
+        if strategy is not None:  # the job before's, in this process
+            pass
+        elif args.strategy_local_sgd:
             strategy = tfdist.MultiWorkerLocalSGDStrategy(
                 args.strategy_local_sgd, warmup_steps=1, communication_options=options)
         elif args.strategy_compressor:
@@ -176,6 +187,7 @@ def run(args: argparse.Namespace) -> None:
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     print("DONE", flush=True)
+    return strategy
 
 
 if __name__ == "__main__":

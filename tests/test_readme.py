@@ -107,6 +107,21 @@ def test_the_reference_pages_are_what_the_code_generates():
     assert all(key in reference.config_reference() for key in keys)
 
 
+def test_the_benchmark_tables_are_what_their_results_give():
+    """Each docs/benchmarks/data/SUITE.json (a `tfdist bench` result: command, date, machine,
+    rows) is shown on its page by the generated section, unchanged; regenerate with python -m
+    tfdist.tools.bench.pages docs/benchmarks."""
+    from tfdist.tools.bench import pages
+
+    docs = Path(ROOT) / "docs" / "benchmarks"
+    generated = pages.generate(docs)
+    assert generated, "no benchmark result in docs/benchmarks/data"
+    for path, text in generated.items():
+        assert path.read_text() == text, f"{path} is stale: run python -m " \
+                                         "tfdist.tools.bench.pages docs/benchmarks"
+        assert "measured on 20" in text and "CPU cores" in text  # the date and the machine
+
+
 def test_the_docs_site_builds_with_no_broken_link_or_reference(tmp_path):
     """`mkdocs build --strict -f launch/mkdocs.yml`: every page, every link and anchor between
     pages, and the API reference read from the docstrings, without a warning."""

@@ -381,6 +381,43 @@ def _pipeline_rows(quick: bool) -> list[dict]:
 SUITES = ("engines", "overhead", "compression", "compressors", "local_sgd", "memory", "pipeline")
 
 
+def table_of(suite: str, result: dict) -> str:
+    """The Markdown table of a suite's result (what `run_suite` wrote to SUITE.json)."""
+    rows = result["rows"]
+    if suite == "pipeline":
+        from tfdist.tools.bench.pipeline import pipeline_table
+
+        return pipeline_table(rows)
+    if suite == "compressors":
+        from tfdist.tools.bench.compressors import compressor_table
+
+        return compressor_table(rows)
+    if suite == "overhead":
+        from tfdist.tools.bench.overhead import overhead_table
+
+        return overhead_table(rows, result["steps"], result["repeats"])
+    tables = {"memory": _memory_table, "local_sgd": _local_sgd_table,
+              "compression": _compression_table, "engines": _table}
+    return tables[suite](rows)
+
+
+def machine() -> str:
+    """This machine, as a benchmark page names it: cores, CPU model, memory, TensorFlow."""
+    import os
+    import platform
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} CPU cores{f' ({model})' if model else ''}, {memory:.0f} GiB, "
+            f"{platform.system()}, no GPU, TensorFlow {tf.__version__}")
+
+
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
               repeats: int | None = None, out: str = "runs/bench") -> list[dict]:
     if suite not in SUITES:
@@ -399,49 +436,44 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
         print("bench: pipeline: MLP of "
               f"{measure.LAYERS} Dense({measure.WIDTH}) layers, batch {measure.BATCH}", flush=True)
         rows = _pipeline_rows(quick)
-        table = measure.pipeline_table(rows)
         meta = {"model": f"{measure.LAYERS} x Dense({measure.WIDTH})", "batch": measure.BATCH,
                 "remat_timed": "except_last"}
     elif suite == "memory":
         print(f"bench: memory: Adam on the {MODEL} MLP, N = {MEMORY_DEVICES}", flush=True)
         rows = _memory_rows()
-        table = _memory_table(rows)
         meta = {"model": MODEL, "optimizer": "Adam (K = 2 slots)", "accumulation_steps": 2}
     elif suite == "local_sgd":
         print(f"bench: local_sgd: {len(LOCAL_SGD_RUNS)} runs of configs/local_sgd.yaml",
               flush=True)
         rows = _local_sgd_rows(quick, out_dir)
-        table = _local_sgd_table(rows)
     elif suite == "compressors":
-        from tfdist.tools.bench.compressors import COMPRESSORS, compressor_rows, compressor_table
+        from tfdist.tools.bench.compressors import COMPRESSORS, compressor_rows
 
         print(f"bench: compressors: {len(COMPRESSORS)} compressors, one exchange each, "
               "in this process", flush=True)
         rows = compressor_rows(quick)
-        table = compressor_table(rows)
     elif suite == "overhead":
         from tfdist.tools.bench import overhead
 
         print(f"bench: overhead: {len(overhead.VARIANTS)} optimizers, {repeats} repeats x "
               f"{steps} steps, in this process", flush=True)
         rows = overhead.overhead_rows(steps, repeats, progress=lambda s: print(s, flush=True))
-        table = overhead.overhead_table(rows, steps, repeats)
         meta = {"steps": steps, "repeats": repeats, "batch": overhead.BATCH,
                 "model": {"input_dim": overhead.INPUT_DIM, "hidden": list(overhead.HIDDEN),
                           "classes": overhead.CLASSES}}
     elif suite == "compression":
         print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
         rows = _compression_rows(quick, out_dir)
-        table = _compression_table(rows)
     else:
         print(f"bench: engines: {repeats} repeats x {steps} steps, global batch {GLOBAL_BATCH}, "
               f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}", flush=True)
         rows = _engines_rows(steps, repeats, out_dir)
-        table = _table(rows)
         meta = {"steps": steps, "repeats": repeats, "global_batch": GLOBAL_BATCH, "model": MODEL}
+    result = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+              **meta, "rows": rows}
+    table = table_of(suite, result)
     (out_dir / f"{suite}.md").write_text(f"Command: `{command}`\n\n{table}\n")
-    (out_dir / f"{suite}.json").write_text(json.dumps(
-        {"command": command, **meta, "rows": rows}, indent=2))
+    (out_dir / f"{suite}.json").write_text(json.dumps(result, indent=2))
     png = getattr(plots, suite)(rows, out_dir / f"{suite}.png")
     print(table)
     print(f"bench: wrote {out_dir / f'{suite}.md'}, {out_dir / f'{suite}.json'} and {png}")

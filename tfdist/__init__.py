@@ -10,7 +10,7 @@ never imports.
 them). Two kinds of process load it on first use instead, as they need no TensorFlow before
 their work starts: the launchers (`python -m tfdist.launch`, `python -m tfdist.emulated`:
 seconds saved at every job start) and the `tfdist` command (a config is checked before
-TensorFlow loads; the command then loads it quietly, `tfdist.logs.load_tensorflow_quietly`).
+TensorFlow loads, and TensorFlow quietly after it: `tfdist.logs.loading_quietly`).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from tfdist.callbacks import (
     StepTimer,
 )
 from tfdist.callbacks.backup import remove_folder
+from tfdist.callbacks.channel import launcher_channel
 from tfdist.comm import DistributeEngine, Engine, LocalEngine, resolve, ring_bytes
 from tfdist.data import (
     distribute_batches,
@@ -888,6 +889,7 @@ def _on_notice(config: dict[str, Any], raising: bool) -> None:
 
     for name in config["train"]["preemption_signals"]:
         signal.signal(getattr(signal, name), noticed)
+    launcher_channel().listen()  # notices the launcher passes on as lines (a task over ssh)
 
 
 def _preempted_ps() -> int:

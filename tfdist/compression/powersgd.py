@@ -48,6 +48,12 @@ class PowerSGD(Compressor):
         min_compression_rate: Compress a matrix only if n m > rate (n + m) r. Defaults to 2.
         seed: Seed of the initial Q (shared by all workers).
         eps: Orthogonalization guard. Defaults to 1e-8.
+
+    Example:
+        ```python
+        optimizer = tfdist.DistributedOptimizer(
+            keras.optimizers.Adam(), compressor=tfdist.compression.PowerSGD(rank=2))
+        ```
     """
 
     summable = True

@@ -78,6 +78,13 @@ class TopK(SparsePayload, Compressor):
 
     Args:
         ratio: Share of elements kept, in (0, 1]. 0.01 keeps 1%.
+
+    Example (top-1% with error feedback, as `configs/ef_topk.yaml`):
+        ```python
+        optimizer = tfdist.DistributedOptimizer(
+            keras.optimizers.Adam(),
+            compressor=tfdist.compression.ErrorFeedback(tfdist.compression.TopK(0.01)))
+        ```
     """
 
     def __init__(self, ratio: float):

@@ -64,6 +64,18 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
         compress_1d: Also compress 1-D tensors. Defaults to False.
         compression_start_step: Exchanges sent dense first. Defaults to 0.
         batched: Reduce all compressed tensors of an exchange together. Defaults to True.
+
+    Example:
+        ```python
+        strategy = tfdist.CompressedStrategy(tfdist.compression.PowerSGD(rank=2),
+                                             devices=tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                      keras.layers.Dense(10, activation="softmax")])
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        x, y = tfdist.data.load_digits()
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     def __init__(self, compressor, devices=None, cross_device_ops=None,
@@ -79,6 +91,16 @@ class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrate
 
     Args: as `CompressedStrategy`, plus `cluster_resolver`, `communication_options`,
     `timeout_seconds` and `step_logs` of `tfdist.MultiWorkerMirroredStrategy`.
+
+    Example (each worker runs it, e.g. under `python -m tfdist.launch --workers 2 -- python
+    train.py`):
+        ```python
+        strategy = tfdist.MultiWorkerCompressedStrategy({"name": "topk", "ratio": 0.01,
+                                                         "error_feedback": True})
+        with strategy.scope():
+            model = build_model()   # your model
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        ```
     """
 
     def __init__(self, compressor, cluster_resolver=None, communication_options=None,

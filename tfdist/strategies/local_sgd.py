@@ -86,6 +86,18 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
             devices (emulate hosts on one machine with e.g. host_size=2 of 4 devices).
         average_optimizer_state: Also average the optimizer's slots. Defaults to False.
         devices, cross_device_ops: MirroredStrategy's arguments.
+
+    Example:
+        ```python
+        strategy = tfdist.LocalSGDStrategy(period=8, warmup_steps=20,
+                                           devices=tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                      keras.layers.Dense(10, activation="softmax")])
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        x, y = tfdist.data.load_digits()
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,
@@ -103,6 +115,16 @@ class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
     Args: as `LocalSGDStrategy`, plus `cluster_resolver`, `communication_options`,
     `timeout_seconds` and `step_logs` of `tfdist.MultiWorkerMirroredStrategy` ("local" lets
     the local steps run without waiting for the other workers).
+
+    Example (each worker runs it, e.g. under `python -m tfdist.launch --workers 2 -- python
+    train.py`):
+        ```python
+        strategy = tfdist.MultiWorkerLocalSGDStrategy(period=8, warmup_steps=20,
+                                                      step_logs="local")
+        with strategy.scope():
+            model = build_model()   # your model
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        ```
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, slowmo: SlowMo | None = None,

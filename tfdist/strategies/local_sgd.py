@@ -117,13 +117,10 @@ class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
     the local steps run without waiting for the other workers).
 
     Example (each worker runs it, e.g. under `python -m tfdist.launch --workers 2 -- python
-    train.py`):
+    train.py`; build and compile under `strategy.scope()` as with `LocalSGDStrategy`):
         ```python
         strategy = tfdist.MultiWorkerLocalSGDStrategy(period=8, warmup_steps=20,
                                                       step_logs="local")
-        with strategy.scope():
-            model = build_model()   # your model
-            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         ```
     """
 

@@ -392,3 +392,94 @@ def test_the_coordination_service_store_carries_values_between_workers(tmp_path)
     for r in results:
         got = next(line for line in r.output.splitlines() if line.startswith("GOT"))
         assert got == f'GOT {{"rank": {1 - r.rank}, "n": 2}} MISSING None', r.output[-2000:]
+
+
+def test_built_and_own_variables_and_weight_decay_exclusions_read_keras_state():
+    variables = [keras.Variable([1.0]), keras.Variable([2.0, 3.0])]
+    sgd = keras.optimizers.SGD()
+    assert _keras_hooks.built_variables(sgd) == []
+    sgd.build(variables)
+    assert _keras_hooks.built_variables(sgd) == variables
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(momentum=0.9))
+    scaled.build(variables)
+    own = _keras_hooks.own_variables(scaled)
+    inner = scaled.inner_optimizer.variables
+    assert own and not any(v is w for v in own for w in inner)
+    assert len(scaled.variables) == len(own) + len(inner)
+    excluded = [keras.optimizers.AdamW() for _ in range(3)]
+    excluded[1].exclude_from_weight_decay(var_list=variables[:1])
+    excluded[2].exclude_from_weight_decay(var_names=["bias"])
+    assert [_keras_hooks.excludes_from_weight_decay(o) for o in excluded] == [False, True, True]
+
+
+def _private_names_of_tensorflow_and_keras() -> set[str]:
+    """Private attribute names of the TensorFlow and Keras objects tfdist handles, read from built
+    instances (Keras sets most of them in `__init__` and `build`)."""
+    variables = [keras.Variable([1.0])]
+    adam = keras.optimizers.Adam()
+    adam.build(variables)
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    scaled.build(variables)
+    adamw = keras.optimizers.AdamW()
+    adamw.exclude_from_weight_decay(var_names=["bias"])
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.zeros((2, 2)), np.zeros((2, 1)), verbose=0)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    objects = [adam, scaled, adamw, model, model.layers[0], variables[0], tf.Variable(1.0), strategy,
+               strategy.extended, keras.callbacks.Callback(), model.history,
+               tf.data.Dataset.range(1), tf.train.Checkpoint(), tf.Module()]
+    return {name for obj in objects for name in dir(obj)
+            if name.startswith("_") and not name.startswith("__")}
+
+
+def _private_accesses(tree) -> tuple[dict[str, int], set[str]]:
+    """({private name read: first line}, private names the file defines itself)."""
+    import ast
+
+    used: dict[str, int] = {}
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            if isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            else:
+                used.setdefault(node.attr, node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            used.setdefault(node.args[1].value, node.lineno)
+    return used, own
+
+
+def test_no_private_tensorflow_or_keras_attribute_is_touched_outside_the_hooks():
+    """A name that TensorFlow's or Keras' objects keep private, read or written anywhere in tfdist
+    but tfdist/_hooks/, unless the file defines that name itself (its own class's attribute)."""
+    import ast
+    from pathlib import Path
+
+    private = _private_names_of_tensorflow_and_keras()
+    assert {"_trainable_variables", "_variables", "_exclude_from_weight_decay"} <= private
+    package = Path(tfdist_root()) / "tfdist"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "_hooks" in path.parts:
+            continue
+        used, own = _private_accesses(ast.parse(path.read_text()))
+        found += [f"{path.relative_to(package.parent)}:{line}: {name}"
+                  for name, line in sorted(used.items()) if name in private and name not in own]
+    assert not found, "private TensorFlow/Keras attributes outside tfdist/_hooks:\n" + \
+        "\n".join(found)
+
+
+def tfdist_root() -> str:
+    import os
+
+    import tfdist
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(tfdist.__file__)))

@@ -260,6 +260,10 @@ def test_bad_arguments_say_what_and_how_to_fix():
         Offload("disk", budget_bytes=10)
     with pytest.raises(ValueError, match="element-wise"):
         ZeroOptimizer("adam")
+    excluding = keras.optimizers.AdamW()
+    excluding.exclude_from_weight_decay(var_names=["bias"])
+    with pytest.raises(ValueError, match="exclude_from_weight_decay is not supported"):
+        ZeroOptimizer(excluding)
 
 
 def test_disk_offload_onto_a_too_small_filesystem_fails_first(mirrored, small_filesystem):

@@ -10,7 +10,12 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   strategy attach its parts to the user's own optimizer, and an `_backend_update_step` that
   hands them the gradients; optimizers under any other strategy take the original path.
 * `variable_index`: the optimizer's index of a variable (`_get_variable_index`), which keys
-  per-variable state; `count_apply`: a wrapper's own apply counter (`_iterations`).
+  per-variable state; `count_apply`: a wrapper's own apply counter (`_iterations`);
+  `built_variables`: the trainable variables an optimizer was built for (`_trainable_variables`,
+  what `apply(grads)` with no variables updates); `own_variables`: the variables a wrapper
+  created itself (`_variables`; its `variables` adds the inner optimizer's);
+  `excludes_from_weight_decay`: whether
+  `exclude_from_weight_decay` excluded anything (`_exclude_from_weight_decay*`).
 * `replace_method`: sets an attribute on an instance past Keras' attribute tracking (ZeroOptimizer
   reroutes its inner optimizer's checkpoint methods; the pipeline places slots).
 * `place_on_variable_devices`: slots, updates and weight decay (`_apply_weight_decay`) on each
@@ -63,6 +68,24 @@ def count_apply(optimizer) -> None:
     """Adds one to the optimizer's own `_iterations` (a wrapper's `iterations` property returns
     its inner optimizer's step, which the inner optimizer counts itself)."""
     optimizer._iterations.assign_add(1)
+
+
+def built_variables(optimizer) -> list:
+    """The trainable variables `optimizer` was built for, in its order (what Keras' `apply(grads)`
+    with no variables updates); empty before `build`."""
+    return list(getattr(optimizer, "_trainable_variables", None) or [])
+
+
+def own_variables(optimizer) -> list:
+    """The variables `optimizer` created itself, in creation order (a `LossScaleOptimizer`'s
+    `variables` also lists its inner optimizer's)."""
+    return list(optimizer._variables)
+
+
+def excludes_from_weight_decay(optimizer) -> bool:
+    """Whether `optimizer.exclude_from_weight_decay` excluded any variable or name pattern."""
+    return bool(getattr(optimizer, "_exclude_from_weight_decay", None)) or \
+        getattr(optimizer, "_exclude_from_weight_decay_pattern", None) is not None
 
 
 def variable_index(optimizer, variable) -> int:

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._hooks.optimizer import count_apply, disable_gradient_all_reduce
+from tfdist._hooks.optimizer import built_variables, count_apply, disable_gradient_all_reduce
 from tfdist.arguments import check_bool, check_choice, check_int, check_number
 from tfdist.averaging import optimizer_slots
 from tfdist.averaging import outer as outer_rules
@@ -248,7 +248,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.built = True
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply() must be called in a replica context.")
-        variables = list(trainable_variables or self._trainable_variables)
+        variables = list(trainable_variables or built_variables(self))
         self.chain.update(list(grads), variables,
                           lambda reduced: self.inner_optimizer.apply(reduced, variables))
         count_apply(self)  # every call, micro-steps included

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.distribute import central_variable
+from tfdist._hooks.optimizer import built_variables
 from tfdist.devices import local_devices
 from tfdist.ps.cluster import nbytes
 from tfdist.ps.server import BUCKETS, staleness_report
@@ -107,7 +108,7 @@ class HogwildSGD(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
-        variables = list(trainable_variables or self._trainable_variables)
+        variables = list(trainable_variables or built_variables(self))
         context = tf.distribute.get_replica_context()
         replica = (tf.get_static_value(context.replica_id_in_sync_group)
                    if context is not None else 0)

@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import compression
+from tfdist._hooks.optimizer import built_variables
 from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers.parts import dense_gradient
@@ -165,7 +166,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
 
     def apply(self, grads, trainable_variables=None):
         self.join(trainable_variables)
-        variables = list(trainable_variables or self._trainable_variables)
+        variables = list(trainable_variables or built_variables(self))
         grads = [tf.zeros_like(v) if g is None else dense_gradient(g, v)
                  for g, v in zip(grads, variables)]
         worker = tf.constant(self.worker, tf.int64)
@@ -285,7 +286,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                    for r in reports) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        self._pull(list(self._trainable_variables))
+        self._pull(built_variables(self))
         for p in range(len(self._clients)):
             self._call(p, "release", [], SCALAR)
         self.report = reports[0] if len(reports) == 1 else _combine(reports)

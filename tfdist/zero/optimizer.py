@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
-from tfdist._hooks.optimizer import replace_method
+from tfdist._hooks.optimizer import excludes_from_weight_decay, own_variables, replace_method
 from tfdist.arguments import check_int
 from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
@@ -63,8 +63,7 @@ def _check_inner(inner) -> None:
                          f"global_clipnorm={inner.global_clipnorm}; use clipvalue.")
     if inner.use_ema:
         raise ValueError("ZeroOptimizer does not support use_ema=True on the inner optimizer.")
-    if getattr(inner, "_exclude_from_weight_decay", None) or getattr(
-            inner, "_exclude_from_weight_decay_pattern", None):
+    if excludes_from_weight_decay(inner):
         raise ValueError("ZeroOptimizer applies weight decay to the flat shard: "
                          "exclude_from_weight_decay is not supported.")
 
@@ -425,7 +424,7 @@ class ZeroOptimizer(DistributedOptimizer):
         self._load(self._checkpointed(), store)
 
     def _checkpointed(self) -> list:
-        return [v for v in self._variables if v is not self._shard]
+        return [v for v in own_variables(self) if v is not self._shard]
 
     def _save(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}

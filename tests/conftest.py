@@ -28,6 +28,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 
 
+# A parallel run (`pytest -n 2 --dist loadgroup`, the README's test command) keeps each module in
+# one process, so its module-scoped multi-process runs are built once; modules that share a
+# session-scoped run are kept together for the same reason.
+_GROUPS = {"test_resume": "elastic-reference", "test_hosts": "elastic-reference"}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group(_GROUPS.get(module, module)))
+
+
 @pytest.fixture
 def mirrored():
     """Factory: a MirroredStrategy over the first n logical CPU devices."""

@@ -500,3 +500,21 @@ def test_a_python_program_with_tfdist_quiet_prints_nothing_on_stderr(tmp_path):
                          cwd=tmp_path, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "trained", out.stderr[-3000:]
     assert out.stderr == ""
+
+
+IMPORT_PROBE = """
+import json, os, sys
+import keras, tensorflow  # their own import-time settings are theirs
+before = (os.fstat(2).st_ino, dict(os.environ), list(sys.argv))
+import tfdist
+tfdist.DistributedOptimizer, tfdist.compression.PowerSGD  # the library itself, loaded
+after = (os.fstat(2).st_ino, dict(os.environ), list(sys.argv))
+print(json.dumps(before == after))
+"""
+
+
+def test_importing_the_library_leaves_stderr_the_environment_and_argv_as_they_were():
+    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True,
+                         env=_user_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "true"

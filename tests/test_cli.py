@@ -518,3 +518,61 @@ def test_importing_the_library_leaves_stderr_the_environment_and_argv_as_they_we
                          env=_user_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "true"
+
+
+MY_CODECS = '''
+import tensorflow as tf
+
+import tfdist
+
+
+class Bfloat16(tfdist.compression.Compressor):
+    """bfloat16 on the wire."""
+
+    summable = True
+    keeps_nonfinite = True
+
+    def compress(self, x, state, step, rank=0):
+        return (tf.cast(x, tf.bfloat16),), x.dtype, state
+
+    def decompress(self, payload, ctx):
+        return tf.cast(payload[0], ctx)
+'''
+
+MY_RULES = '''
+import tfdist
+
+
+class Slow(tfdist.averaging.SlowMo):
+    """SlowMo under another name."""
+'''
+
+
+def test_a_compressor_and_an_outer_rule_of_ones_own_file_train_through_the_command(
+        tmp_path, monkeypatch):
+    """One file each, no registration and no other edit: `compression.name=my_codecs:Bfloat16` and
+    `averaging.outer.name=my_rules:Slow` (with an option) train through `tfdist train`, and end
+    on the weights of the built-in bf16 and slowmo (the compressor carries the synchronous
+    warm-up steps, the rule the averaging rounds after them)."""
+    import keras
+
+    from tfdist.tools.cli import main
+
+    (tmp_path / "my_codecs.py").write_text(MY_CODECS)
+    (tmp_path / "my_rules.py").write_text(MY_RULES)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the command's working directory (tested above)
+    common = ["--set", "averaging.period=2", "--set", "averaging.warmup_steps=3",
+              "--set", "train.epochs=1", "--set", "train.steps_per_epoch=8",
+              "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}"]
+    runs = {"own": ("my_codecs:Bfloat16", "my_rules:Slow"), "built_in": ("bf16", "slowmo")}
+    for run, (codec, rule) in runs.items():
+        assert main(["train", *common, "--set", f"train.run_name={run}",
+                     "--set", f"compression.name={codec}",
+                     "--set", f"averaging.outer={{name: '{rule}', momentum: 0.5}}"]) == 0
+    summaries = {run: json.loads((tmp_path / run / "summary.json").read_text()) for run in runs}
+    assert summaries["own"]["compressor"] == {"name": "my_codecs:Bfloat16"}
+    assert summaries["own"]["bytes_sent_total"] == summaries["built_in"]["bytes_sent_total"]
+    own, built_in = (keras.saving.load_model(tmp_path / run / "model.keras").get_weights()
+                     for run in runs)
+    for a, b in zip(own, built_in):
+        np.testing.assert_array_equal(a, b)

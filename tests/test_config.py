@@ -55,7 +55,7 @@ def test_defaults_fill_missing_keys():
      "averaging: `inter_period` must be a multiple of `intra_period` (4)"),
     ({"averaging": {"period": 4, "host_size": 2}}, "host_size: needs averaging.intra_period"),
     ({"averaging": {"period": 4, "outer": {"name": "nesterov"}}},
-     "averaging: `outer` must be an OuterRule"),
+     "averaging: Unknown outer rule 'nesterov'"),
     ({"averaging": {"period": 4, "outer": {"name": "sma", "alpha": 1.5}}},
      "averaging: `alpha` must be a number in (0, 1]. Received: alpha=1.5"),
     ({"averaging": {"period": 4, "outer": {"name": "slowmo", "beta": 0.5}}},

@@ -9,9 +9,9 @@ The Keras-facing part that runs them inside an optimizer step is `tfdist.optimiz
                                    outer=tfdist.averaging.SlowMo(0.5)))
 """
 
-from tfdist.averaging.outer import OUTER_RULES, SMA, OuterRule, SlowMo
+from tfdist.averaging.outer import OUTER_RULES, SMA, OuterRule, SlowMo, register
 from tfdist.averaging.rounds import average, gossip, optimizer_slots
 from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule
 
 __all__ = ["HierarchicalSchedule", "OUTER_RULES", "OuterRule", "PeriodicSchedule", "SMA", "SlowMo",
-           "average", "gossip", "optimizer_slots"]
+           "average", "gossip", "optimizer_slots", "register"]

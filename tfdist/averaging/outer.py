@@ -8,7 +8,8 @@ keeps alike (`anchor`, `buffer`):
 
 `first` is True at the first round (the anchor then holds the model synchronized at the end of
 the warm-up). `SlowMo` and `SMA` are the two built in; a rule of your own is a subclass of
-`OuterRule` (register it in `OUTER_RULES` to name it in configs).
+`OuterRule`: decorate it with `@tfdist.averaging.register("name")`, or name it in a config
+by its import path (`averaging.outer: {name: "my_rules:Mine", ...options}`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.arguments import check_number
+from tfdist.registry import Registry
 
 
 class OuterRule:
     """Base class of outer rules (see the module docstring)."""
+
+    registry_name: str = ""  # set by @register
 
     def update(self, own, mean, anchor, buffer, world_size: int, first):
         """(this replica's new value, new anchor, new buffer) from the round's mean."""
@@ -33,6 +37,16 @@ class OuterRule:
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
 
 
+OUTER_RULES = Registry("outer rule", OuterRule)
+
+
+def register(name: str):
+    """Class decorator: makes an outer rule known to configs under `name` (`tfdist.registry`;
+    a rule can also be named by its import path, `module.path:Class`)."""
+    return OUTER_RULES.register(name)
+
+
+@register("slowmo")
 @dataclass(frozen=True)
 class SlowMo(OuterRule):
     """Slow momentum on the averaged model (Wang et al., "SlowMo", ICLR 2020).
@@ -61,6 +75,7 @@ class SlowMo(OuterRule):
         return x0, x0, v
 
 
+@register("sma")
 @dataclass(frozen=True)
 class SMA(OuterRule):
     """Synchronous model averaging (Crossbow; Koliousis et al., VLDB 2019).
@@ -89,30 +104,29 @@ class SMA(OuterRule):
         return own - self.alpha * (own - z), z_new, z_new - z
 
 
-OUTER_RULES: dict[str, type[OuterRule]] = {"slowmo": SlowMo, "sma": SMA}
-
-
 def get(spec) -> OuterRule | None:
-    """An outer rule from an instance, None, or a config {"name": ..., **options}."""
+    """An outer rule from an instance, None, or a config {"name": ..., **options} (a registered
+    name or `module.path:Class`)."""
     if spec is None or isinstance(spec, OuterRule):
         return spec
     name = spec.get("name") if isinstance(spec, dict) else None
-    if isinstance(name, str) and name in OUTER_RULES:
-        options = {k: v for k, v in spec.items() if k != "name"}
-        try:
-            return OUTER_RULES[name](**options)
-        except TypeError as e:
-            raise ValueError(f"Bad options for outer rule {name!r}: {e}") from None
-    raise ValueError(f"`outer` must be an OuterRule (e.g. tfdist.averaging.SlowMo()), None, or "
-                     f"{{'name': one of {sorted(OUTER_RULES)}, ...options}}. "
-                     f"Received: {spec!r:.80}")
+    if not isinstance(name, str):
+        raise ValueError(f"`outer` must be an OuterRule (e.g. tfdist.averaging.SlowMo()), None, "
+                         f"or {{'name': one of {sorted(OUTER_RULES)} or 'module.path:Class', "
+                         f"...options}}. Received: {spec!r:.80}")
+    cls = OUTER_RULES.lookup(name)
+    options = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise ValueError(f"Bad options for outer rule {name!r}: {e}") from None
 
 
 def serialize(rule: OuterRule | None) -> dict[str, Any] | None:
     if rule is None:
         return None
-    names = {cls: name for name, cls in OUTER_RULES.items()}
-    if type(rule) not in names:
-        raise ValueError(f"Outer rule {type(rule).__name__} is not in OUTER_RULES: register it "
-                         "there to save it in a model's config.")
-    return {"name": names[type(rule)], **rule.get_config()}
+    name = OUTER_RULES.name_of(type(rule))
+    if name is None:
+        raise ValueError(f"Outer rule {type(rule).__name__} is not registered: decorate it with "
+                         "@tfdist.averaging.register(name) to save it in a model's config.")
+    return {"name": name, **rule.get_config()}

@@ -19,7 +19,8 @@ exchange costs one collective call rather than one per tensor. `reduce` does the
 tensor. Multi-round schemes (PowerSGD) override both.
 Keras-facing code turns the state into variables, so strategies place it and checkpoints carry it.
 
-Names: each compressor class registers under a name (`@register("topk")`) for configs;
+Names: each compressor class registers under a name (`@register("topk")`) for configs, or is
+named by its import path (`"my_codecs:Mine"`, `tfdist.registry`);
 `get({"name": "topk", "ratio": 0.01})` builds one and `serialize(c)` writes its config.
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.comm import Communicator, fused_all_gather, fused_all_reduce
+from tfdist.registry import Registry
 
 Payload = tuple[tf.Tensor, ...]
 State = dict[str, tf.Tensor]
@@ -161,16 +163,13 @@ class Compressor(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
-COMPRESSORS: dict[str, type[Compressor]] = {}
+COMPRESSORS: Registry[Compressor] = Registry("compressor", Compressor)  # type: ignore[type-abstract]
 
 
 def register(name: str):
-    """Class decorator: makes a compressor known to configs under `name`."""
-    def add(cls: type[Compressor]) -> type[Compressor]:
-        cls.registry_name = name
-        COMPRESSORS[name] = cls
-        return cls
-    return add
+    """Class decorator: makes a compressor known to configs under `name` (`tfdist.registry`;
+    a compressor can also be named by its import path, `module.path:Class`)."""
+    return COMPRESSORS.register(name)
 
 
 def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor | None:
@@ -186,18 +185,15 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
     if isinstance(spec, dict):
         spec = dict(spec)
         if "name" not in spec:
-            raise ValueError(f"A compressor config needs a 'name', one of {sorted(COMPRESSORS)}. "
-                             f"Received: {spec!r}")
+            raise ValueError(f"A compressor config needs a 'name', one of {sorted(COMPRESSORS)} "
+                             f"or 'module.path:Class'. Received: {spec!r}")
         name = spec.pop("name")
         error_feedback = spec.pop("error_feedback", False)
         compressor = get(name, **spec, **kwargs)
         if not error_feedback:
             return compressor
         return COMPRESSORS["error_feedback"].from_config({"inner": serialize(compressor)})
-    if not isinstance(spec, str) or spec.lower() not in COMPRESSORS:
-        raise ValueError(f"Unknown compressor {spec!r}; choose one of {sorted(COMPRESSORS)} "
-                         "('error_feedback' takes 'inner', 'adaptive' takes 'low' and 'high').")
-    return COMPRESSORS[spec.lower()].from_config(kwargs)
+    return COMPRESSORS.lookup(spec).from_config(kwargs)
 
 
 def serialize(compressor: Compressor | None) -> dict[str, Any] | None:

@@ -208,7 +208,8 @@ def _print_summary(s: dict) -> None:
         comp = f"auto: {picked} (picked from the measured link; numbers in summary.json)"
     if s.get("averaging_period"):
         avg = s["config"]["averaging"]
-        comp = f"none; local SGD, averaging every {s['averaging_period']} steps"
+        warmup = f"{comp} in the synchronous warm-up steps" if s["compressor"] else "none"
+        comp = f"{warmup}; local SGD, averaging every {s['averaging_period']} steps"
         if avg.get("intra_period"):
             comp += (f" (and within each host of {avg['host_size'] or 'its devices'} every "
                      f"{avg['intra_period']})")

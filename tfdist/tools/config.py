@@ -195,7 +195,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     lambda v: v > 0, 64, most=2**30),
     },
     "compression": {
-        "name": _choice(("auto",) + tuple(sorted(COMPRESSORS)), "none"),
+        "name": Field("none", (str,), f"one of {['auto', *sorted(COMPRESSORS)]}, or your own "
+                      "Compressor subclass as 'module.path:Class'",
+                      lambda v: v == "auto" or v in COMPRESSORS or bool(_FUNCTION.match(v)),
+                      choices=("auto", *sorted(COMPRESSORS))),
         "options": Field({}, (dict,), "a mapping of the compressor's arguments (e.g. ratio: 0.01; "
                          "for auto: probe_steps, explore, candidates, ...)"),
         "error_feedback": Field(False, (bool,), "true or false"),
@@ -219,8 +222,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "host_size": _int("an integer >= 1 dividing the number of replicas, or null (each "
                           "worker's devices)", lambda v: v >= 1, None, nullable=True),
         "outer": Field(None, (dict,), "null (plain averaging), or an outer rule with its options: "
-                       "{name: slowmo, momentum: 0.5, learning_rate: 1.0} or {name: sma, alpha: "
-                       "0.25, momentum: 0.5}", nullable=True),
+                       "{name: slowmo, momentum: 0.5, learning_rate: 1.0}, {name: sma, alpha: "
+                       "0.25, momentum: 0.5}, or your own OuterRule subclass as "
+                       "{name: 'module.path:Class', ...options}", nullable=True),
         "average_optimizer_state": Field(False, (bool,), "true or false"),
     },
     "train": {

@@ -28,18 +28,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 
 
-# A parallel run (`pytest -n 2 --dist loadgroup`, the README's test command) keeps each module in
-# one process, so its module-scoped multi-process runs are built once; modules that share a
-# session-scoped run are kept together for the same reason.
+# A parallel run (`pytest -n 2`, the README's test command; `--dist loadgroup` in pyproject.toml)
+# keeps each module in one process, so its module-scoped multi-process runs are built once;
+# modules that share a session-scoped run are kept together for the same reason. The longest
+# groups start first, so that no process is left with a long one at the end.
 _GROUPS = {"test_resume": "elastic-reference", "test_hosts": "elastic-reference"}
+_LONGEST_FIRST = ("elastic-reference", "test_multiprocess", "test_ps", "test_cli", "test_slurm",
+                  "test_horovod_elastic", "test_horovod_migration", "test_safe_resume")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    groups = {}
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group(_GROUPS.get(module, module)))
+        groups[item] = _GROUPS.get(module, module)
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    rank = {group: i for i, group in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: the rest in order
 
 
 @pytest.fixture

@@ -28,26 +28,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 
 
-# A parallel run (`pytest -n 2`, the README's test command; `--dist loadgroup` in pyproject.toml)
-# keeps each module in one process, so its module-scoped multi-process runs are built once;
-# modules that share a session-scoped run are kept together for the same reason. The longest
-# groups start first, so that no process is left with a long one at the end.
-_GROUPS = {"test_resume": "elastic-reference", "test_hosts": "elastic-reference"}
-_LONGEST_FIRST = ("elastic-reference", "test_multiprocess", "test_ps", "test_cli", "test_slurm",
-                  "test_horovod_elastic", "test_horovod_migration", "test_safe_resume")
+# A parallel run (`pytest -n 2`, the README's test command; `--dist loadfile` in pyproject.toml)
+# keeps each module in one process, so its module-scoped multi-process runs are built once (the
+# session-scoped runs below are each used by one module). The longest modules start first, so
+# that no process is left with a long one at the end.
+_LONGEST_FIRST = ("test_hosts", "test_multiprocess", "test_ps", "test_cli", "test_resume",
+                  "test_slurm", "test_horovod_elastic", "test_horovod_migration",
+                  "test_safe_resume")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    groups = {}
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        groups[item] = _GROUPS.get(module, module)
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-    rank = {group: i for i, group in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: the rest in order
+    rank = {module: i for i, module in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT, worker_env
 from tests.jobs import final_weights, launcher_command, wait_for_backup
-from tests.test_resume import ELASTIC_JOB, _pid_of_worker
+from tests.test_resume import ELASTIC_JOB, _assert_same_training, _elastic_command, _pid_of_worker
 from tfdist.tools import emulated, launch
 
 pytestmark = [
@@ -173,3 +174,23 @@ def test_an_elastic_job_whose_output_dir_is_not_shared_is_refused_before_trainin
     assert "Put it on storage every host mounts at the same path" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert "Epoch 1/3" not in done.stdout
+
+
+@pytest.mark.multiprocess
+def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference):
+    """train.resize_policy=throughput: after 6 measured steps on 3 workers the job is moved to
+    2 (does the third worker help?), measured again, and settles; each move printed with its
+    reason; no example lost or repeated, the same weights."""
+    out = tmp_path / "resized"
+    result = subprocess.run(
+        [*_elastic_command(out, "--max-workers", "3"), "--set", "train.resize_policy=throughput",
+         "--set", "train.resize_every=6"], capture_output=True, text=True, cwd=ROOT,
+        env=worker_env(), timeout=450)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"\[launch\] elastic: resizing from 3 to 2 workers \(3 workers run at "
+                     r"\d+ examples/s; trying 2 to see whether the last worker helps\)",
+                     result.stderr), result.stderr[-3000:]
+    settled = re.findall(r"\[tfdist\] elastic: (.*)", result.stdout)
+    assert len(settled) >= 2, result.stdout[-3000:]  # one decision per size measured
+    summary = _assert_same_training(out, elastic_reference)
+    assert summary["world_size"] in (2, 3)

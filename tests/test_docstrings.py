@@ -1,0 +1,87 @@
+"""The examples in the docstrings of the names the API reference documents run as written.
+
+A docstring example is a ```python block that assumes the four imports every page of the
+reference states (`import keras`, `import numpy as np`, `import tensorflow as tf`,
+`import tfdist`). The examples run one after another in one fresh process (each in a namespace
+of its own, in a scratch directory), so they cost seconds, not a process each. An example whose
+first line names a launcher (`# python -m tfdist.launch ...`, `# horovodrun ...`) needs several
+processes: it is checked to compile, and the guides' runnable examples run it for real
+(tests/test_readme.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import ROOT, worker_env
+
+PRELUDE = "import keras\nimport numpy as np\nimport tensorflow as tf\nimport tfdist\n"
+LAUNCHERS = ("# python -m tfdist.launch", "# horovodrun")
+
+RUNNER = """
+import json, os, sys, traceback
+examples = json.load(open(sys.argv[1]))
+failed = {}
+for name, code in examples:
+    namespace = {"__name__": "__main__"}
+    try:
+        exec(compile(PRELUDE + code, name, "exec"), namespace)
+    except BaseException:
+        failed[name] = traceback.format_exc(limit=-3)
+print(json.dumps(failed))
+"""
+
+
+def documented_names() -> dict[str, object]:
+    """Qualified name -> object, for every name the API reference page documents."""
+    page = (Path(ROOT) / "docs" / "reference" / "api.md").read_text()
+    names: dict[str, object] = {}
+
+    def add(qualified: str, obj) -> None:
+        if inspect.ismodule(obj):
+            for member in getattr(obj, "__all__", []):
+                add(f"{qualified}.{member}", getattr(obj, member))
+        elif inspect.isclass(obj) or inspect.isfunction(obj):
+            names.setdefault(qualified, obj)
+
+    for target in re.findall(r"^::: (\S+)", page, flags=re.M):
+        module, _, attribute = target.rpartition(".")
+        try:
+            obj = importlib.import_module(target)
+        except ImportError:
+            obj = getattr(importlib.import_module(module), attribute)
+        add(target, obj)
+    return names
+
+
+def docstring_examples() -> list[tuple[str, str]]:
+    """(qualified name, code) of every ```python block of a documented name's docstring."""
+    out = []
+    for qualified, obj in sorted(documented_names().items()):
+        doc = inspect.getdoc(obj) or ""
+        for _, code in re.findall(r"^( *)```python\n(.*?)^\1```", doc, flags=re.S | re.M):
+            out.append((qualified, textwrap.dedent(code)))
+    return out
+
+
+def test_docstring_examples_run_as_written(tmp_path):
+    examples = docstring_examples()
+    assert len(examples) >= 30
+    launched = [(name, code) for name, code in examples if code.startswith(LAUNCHERS)]
+    for name, code in launched:
+        compile(PRELUDE + code, name, "exec")
+    (tmp_path / "examples.json").write_text(json.dumps(
+        [e for e in examples if e not in launched]))
+    out = subprocess.run(
+        [sys.executable, "-c", f"PRELUDE = {PRELUDE!r}\n{RUNNER}", str(tmp_path / "examples.json")],
+        capture_output=True, text=True, cwd=tmp_path, env=worker_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    failed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not failed, "\n\n".join(f"{name}:\n{trace}" for name, trace in failed.items())

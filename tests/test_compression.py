@@ -286,3 +286,29 @@ def test_registry_round_trips_configs():
         assert type(again) is type(c) and C.serialize(again) == C.serialize(c)
     ef = C.get({"name": "topk", "ratio": 0.01, "error_feedback": True})
     assert isinstance(ef, C.ErrorFeedback) and isinstance(ef.inner, C.TopK)
+
+
+class _Unregistered(C.Compressor):
+    """A compressor of one's own module, never registered."""
+
+    summable = True
+
+    def compress(self, x, state, step, rank=0):
+        return (x,), None, state
+
+    def decompress(self, payload, ctx):
+        return payload[0]
+
+
+def test_an_unregistered_compressor_is_saved_under_its_import_path():
+    config = C.serialize(_Unregistered())
+    assert config == {"name": "tests.test_compression:_Unregistered"}
+    assert type(C.get(config)) is _Unregistered
+
+    def local():
+        class Local(_Unregistered):
+            pass
+        return Local()
+
+    with pytest.raises(ValueError, match="Local is defined inside a function"):
+        C.serialize(local())

@@ -1,8 +1,8 @@
 """The examples in the docstrings of the names the API reference documents run as written.
 
-A docstring example is a ```python block that assumes the four imports every page of the
-reference states (`import keras`, `import numpy as np`, `import tensorflow as tf`,
-`import tfdist`). The examples run one after another in one fresh process (each in a namespace
+A docstring example is a ```python block that assumes what the reference page states: the
+four imports (`keras`, `numpy as np`, `tensorflow as tf`, `tfdist`), the digits set as `x, y`
+and a small `build_model()`. The examples run one after another in one fresh process (each in a namespace
 of its own, in a scratch directory), so they cost seconds, not a process each. An example whose
 first line names a launcher (`# python -m tfdist.launch ...`, `# horovodrun ...`) needs several
 processes: it is checked to compile, and the guides' runnable examples run it for real
@@ -22,7 +22,19 @@ from pathlib import Path
 
 from tests.conftest import ROOT, worker_env
 
-PRELUDE = "import keras\nimport numpy as np\nimport tensorflow as tf\nimport tfdist\n"
+# What every docstring example may assume (docs/reference/api.md says so).
+PRELUDE = '''import keras
+import numpy as np
+import tensorflow as tf
+import tfdist
+
+x, y = tfdist.data.load_digits()  # 1,437 images of 8x8x1 and their labels (0-9)
+
+
+def build_model():
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                             keras.layers.Dense(10, activation="softmax")])
+'''
 LAUNCHERS = ("# python -m tfdist.launch", "# horovodrun")
 
 RUNNER = """

@@ -10,7 +10,8 @@ used:
 or name it by its import path, `module.path:Class`, which needs no registration and works
 from a config (`tfdist train --set compression.name=my_codecs:Mine`): the module is imported
 (from the working directory, as `python -m` would) and the class registered under that path, so
-a saved config or checkpoint names it the same way.
+a saved config or checkpoint names it the same way. An instance of an unregistered class saves
+under its import path too (`name_for`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ class Registry(dict[str, type[T]], Generic[T]):
     def name_of(self, cls: type[T]) -> str | None:
         """The name `cls` is registered under, or None."""
         return next((name for name, known in self.items() if known is cls), None)
+
+    def name_for(self, cls: type[T]) -> str | None:
+        """The name a config gives `cls`: its registered name, else its import path
+        (`module:Class`, registered now), or None for a class defined inside a function."""
+        name = self.name_of(cls)
+        if name is None and "<" not in cls.__qualname__:
+            name = f"{cls.__module__}:{cls.__qualname__}"
+            self.register(name)(cls)
+        return name
 
     def _imported(self, path: str) -> type[T]:
         module_name, _, attribute = path.partition(":")

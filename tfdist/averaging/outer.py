@@ -125,8 +125,9 @@ def get(spec) -> OuterRule | None:
 def serialize(rule: OuterRule | None) -> dict[str, Any] | None:
     if rule is None:
         return None
-    name = OUTER_RULES.name_of(type(rule))
+    name = OUTER_RULES.name_for(type(rule))
     if name is None:
-        raise ValueError(f"Outer rule {type(rule).__name__} is not registered: decorate it with "
-                         "@tfdist.averaging.register(name) to save it in a model's config.")
+        raise ValueError(f"Outer rule {type(rule).__name__} is defined inside a function: define "
+                         "it at a module's top level, or decorate it with "
+                         "@tfdist.averaging.register(name), to save it in a model's config.")
     return {"name": name, **rule.get_config()}

@@ -27,7 +27,14 @@ MODES = ("compression", "batch_size")
 def critical_regimes(previous: np.ndarray | None, current: np.ndarray, eta: float) -> np.ndarray:
     """Per tensor: did the gradient norm change by at least `eta` (relative) since last time?
 
-    With no previous interval every tensor is critical (training starts critical)."""
+    With no previous interval every tensor is critical (training starts critical).
+
+    Example:
+        ```python
+        flags = tfdist.callbacks.critical_regimes(np.array([1.0, 1.0]), np.array([1.2, 2.0]), eta=0.5)
+        assert flags.tolist() == [False, True]  # only the second norm changed by 50% or more
+        ```
+    """
     if previous is None:
         return np.ones_like(current, dtype=bool)
     change = np.abs(previous - current) / np.maximum(previous, 1e-12)
@@ -47,6 +54,21 @@ class Accordion(keras.callbacks.Callback):
         verbose: Print each decision.
 
     After each decision, `decisions` holds the per-tensor critical flags, oldest first.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        adaptive = tfdist.compression.Adaptive(low=tfdist.compression.TopK(0.5),
+                                               high=tfdist.compression.TopK(0.05))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(
+                keras.optimizers.SGD(0.1), compressor=adaptive, min_compress_size=256),
+                          loss="sparse_categorical_crossentropy")
+        accordion = tfdist.callbacks.Accordion(eta=0.5, interval=5)
+        model.fit(x, y, batch_size=64, epochs=1, callbacks=[accordion])
+        print(accordion.decisions[-1])  # per tensor: in a critical regime (low compression)?
+        ```
     """
 
     def __init__(self, eta: float = 0.5, interval: int | None = None, mode: str = "compression",

@@ -25,7 +25,14 @@ RULES = (None, "adacomm", "progress")
 
 
 def adacomm_period(initial_period: int, initial_loss: float, loss: float) -> int:
-    """AdaComm's rule: ceil(sqrt(loss / initial_loss) * initial_period), at least 1."""
+    """AdaComm's rule: ceil(sqrt(loss / initial_loss) * initial_period), at least 1.
+
+    Example:
+        ```python
+        # the loss fell to a quarter: average twice as often
+        assert tfdist.callbacks.adacomm_period(16, initial_loss=2.0, loss=0.5) == 8
+        ```
+    """
     return max(1, math.ceil(math.sqrt(max(loss, 0.0) / initial_loss) * initial_period))
 
 
@@ -38,6 +45,16 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
         rule: None, "adacomm" or "progress" (see module docstring).
         min_period, max_period: Bounds for the rules. Defaults to 1 and 64.
         min_delta: Relative loss decrease that counts as progress. Defaults to 0.01.
+
+    Example:
+        ```python
+        strategy = tfdist.LocalSGDStrategy(period=8, devices=tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        schedule = tfdist.callbacks.AveragingPeriodSchedule({0: 8, 2: 4})  # epoch -> period
+        model.fit(x, y, batch_size=64, epochs=3, callbacks=[schedule])
+        ```
     """
 
     def __init__(self, schedule: dict[int, int] | Callable[[int], int] | None = None,

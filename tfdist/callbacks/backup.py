@@ -107,9 +107,14 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Example:
         ```python
-        backup = tfdist.callbacks.BackupAndRestore("backup", save_freq=50)
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        backup = tfdist.callbacks.BackupAndRestore("backup", save_freq=10)
         data = tfdist.data.distribute(strategy, x, y, 64, start=backup.data_start)
-        model.fit(data, epochs=10, steps_per_epoch=100, callbacks=[backup])
+        model.fit(data, epochs=2, steps_per_epoch=20, callbacks=[backup])  # again: resumes
         ```
     """
 

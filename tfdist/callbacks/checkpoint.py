@@ -35,7 +35,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     Example:
         ```python
-        model.fit(ds, callbacks=[tfdist.callbacks.ModelCheckpoint("ckpt/epoch{epoch}.keras")])
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=2, callbacks=[
+            tfdist.callbacks.ModelCheckpoint("ckpt/epoch{epoch}.keras")])
         ```
     """
 

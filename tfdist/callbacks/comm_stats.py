@@ -15,7 +15,20 @@ from tfdist.optimizers import chain_of
 class StepTimer(keras.callbacks.Callback):
     """Collects the wall time of each training batch (seconds) in `times`, and when `fit`
     began and its first batch began (`time.time()`, in `fit_began` and `first_step_began`):
-    what `fit` spends before its first step (the dataset's iterator, callbacks)."""
+    what `fit` spends before its first step (the dataset's iterator, callbacks).
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        timer = tfdist.callbacks.StepTimer()
+        model.fit(x, y, batch_size=64, epochs=1, callbacks=[timer])
+        print(f"median step {sorted(timer.times)[len(timer.times) // 2] * 1e3:.1f} ms")
+        ```
+    """
 
     def __init__(self):
         super().__init__()
@@ -51,6 +64,17 @@ class CommunicationStats(keras.callbacks.Callback):
     Args:
         log_dir: Optional TensorBoard log directory (event files under `log_dir/comm`).
         update_freq: Write to TensorBoard every this many batches. Defaults to 10.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, callbacks=[tfdist.callbacks.CommunicationStats()])
+        print(model.history.history["bytes_per_step"])  # bytes this worker sent per step
+        ```
     """
 
     def __init__(self, log_dir: str | None = None, update_freq: int = 10):

@@ -12,7 +12,13 @@ import keras
 
 
 def warmup_learning_rate(base_lr: float, scale: float, warmup_epochs: float, epoch: float) -> float:
-    """The warm-up schedule as a pure function of the (fractional) epoch."""
+    """The warm-up schedule as a pure function of the (fractional) epoch.
+
+    Example:
+        ```python
+        assert tfdist.callbacks.warmup_learning_rate(0.1, 4, warmup_epochs=2, epoch=1) == 0.25
+        ```
+    """
     if warmup_epochs <= 0 or epoch >= warmup_epochs:
         return base_lr * scale
     return base_lr * (1.0 + (scale - 1.0) * epoch / warmup_epochs)
@@ -31,6 +37,18 @@ class LearningRateWarmup(keras.callbacks.Callback):
         verbose: Print the learning rate at the end of each warm-up epoch.
 
     The optimizer's learning rate must be a value (not a `LearningRateSchedule`).
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        # from the compiled rate to 2x it over the first epoch (Goyal et al.'s warm-up)
+        model.fit(x, y, batch_size=64, epochs=2,
+                  callbacks=[tfdist.callbacks.LearningRateWarmup(warmup_epochs=1, scale=2)])
+        ```
     """
 
     def __init__(

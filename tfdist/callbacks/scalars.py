@@ -11,7 +11,15 @@ from tensorboard.compat.proto import summary_pb2
 
 
 class ScalarWriter:
-    """Writes standard scalar summaries to an event file in `log_dir`."""
+    """Writes standard scalar summaries to an event file in `log_dir`.
+
+    Example:
+        ```python
+        writer = tfdist.callbacks.ScalarWriter("logs")
+        writer.write({"loss": 0.5, "bytes_per_step": 1024.0}, step=1)
+        writer.close()
+        ```
+    """
 
     def __init__(self, log_dir: str):
         self.log_dir = str(log_dir)
@@ -62,6 +70,17 @@ class ScalarLog(keras.callbacks.Callback):
 
     Args:
         log_dir: The event files' directory.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, callbacks=[
+            tfdist.callbacks.CommunicationStats(), tfdist.callbacks.ScalarLog("logs")])
+        ```
     """
 
     def __init__(self, log_dir: str):

@@ -61,6 +61,19 @@ class StartAt(keras.callbacks.Callback):
     Args:
         step: Steps already trained (>= 0).
         steps_per_epoch: `fit`'s steps per epoch (>= 1).
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        # start at global step 30 of 22-step epochs: epoch 2, its 9th batch
+        start = tfdist.callbacks.StartAt(30, steps_per_epoch=22)
+        data = tfdist.data.distribute(strategy, x, y, 64, start=30)
+        model.fit(data, epochs=2, steps_per_epoch=22, callbacks=[start])
+        ```
     """
 
     def __init__(self, step: int, steps_per_epoch: int):

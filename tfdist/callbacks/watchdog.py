@@ -49,7 +49,13 @@ class Watchdog(keras.callbacks.Callback):
 
     Example:
         ```python
-        model.fit(ds, epochs=3, callbacks=[tfdist.callbacks.Watchdog(timeout=120)])
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1,
+                  callbacks=[tfdist.callbacks.Watchdog(timeout=120)])
         ```
     """
 

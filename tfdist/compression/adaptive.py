@@ -24,6 +24,20 @@ class Adaptive(Compressor):
         high: Compressor used otherwise (e.g. `PowerSGD(rank=1)`, `TopK(0.01)`).
 
     Training starts in the critical regime (low compression), as Accordion does.
+
+    Example:
+        ```python
+        codec = tfdist.compression.Adaptive(low=tfdist.compression.TopK(0.5),
+                                            high=tfdist.compression.TopK(0.05))
+        # per tensor, tfdist.callbacks.Accordion picks low compression in critical regimes
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(
+                keras.optimizers.SGD(0.1), compressor=codec, min_compress_size=256),
+                loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, callbacks=[tfdist.callbacks.Accordion(interval=5)])
+        ```
     """
 
     has_error_feedback = True  # wrap `low` and `high` themselves in ErrorFeedback if needed

@@ -75,6 +75,28 @@ class Compressor(abc.ABC):
         keeps_nonfinite: an inf or NaN anywhere in one worker's input always makes the reduced
             output non-finite (casts, products). False where selection may drop it (top-k,
             DGC, random-k...): the exchange then sends each worker's finiteness alongside.
+
+    Example:
+        ```python
+        class Bfloat16(tfdist.compression.Compressor):
+            summable = True  # payloads may be added: one all-reduce carries every worker's
+            keeps_nonfinite = True
+
+            def compress(self, x, state, step, rank=0):
+                return (tf.cast(x, tf.bfloat16),), x.dtype, state
+
+            def decompress(self, payload, ctx):
+                return tf.cast(payload[0], ctx)
+
+
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(
+                keras.optimizers.SGD(0.1), compressor=Bfloat16(), min_compress_size=256),
+                loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     summable: bool = False
@@ -168,7 +190,24 @@ COMPRESSORS: Registry[Compressor] = Registry("compressor", Compressor)  # type: 
 
 def register(name: str):
     """Class decorator: makes a compressor known to configs under `name` (`tfdist.registry`;
-    a compressor can also be named by its import path, `module.path:Class`)."""
+    a compressor can also be named by its import path, `module.path:Class`).
+
+    Example:
+        ```python
+        @tfdist.compression.register("half_mine")
+        class Half(tfdist.compression.Compressor):
+            summable = True
+
+            def compress(self, x, state, step, rank=0):
+                return (tf.cast(x, tf.float16),), x.dtype, state
+
+            def decompress(self, payload, ctx):
+                return tf.cast(payload[0], ctx)
+
+
+        assert isinstance(tfdist.compression.get("half_mine"), Half)
+        ```
+    """
     return COMPRESSORS.register(name)
 
 
@@ -177,6 +216,13 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
 
     A config is {"name": ..., **arguments}, optionally with "error_feedback": true, e.g.
     `get({"name": "topk", "ratio": 0.01, "error_feedback": True})`.
+
+    Example:
+        ```python
+        codec = tfdist.compression.get({"name": "topk", "ratio": 0.01, "error_feedback": True})
+        assert isinstance(codec, tfdist.compression.ErrorFeedback)
+        assert tfdist.compression.get("powersgd", rank=2).rank == 2
+        ```
     """
     if spec is None or isinstance(spec, Compressor):
         if kwargs:
@@ -197,18 +243,38 @@ def get(spec: str | dict[str, Any] | Compressor | None, **kwargs) -> Compressor 
 
 
 def serialize(compressor: Compressor | None) -> dict[str, Any] | None:
-    """The config `get` builds `compressor` from (None for None)."""
+    """The config `get` builds `compressor` from (None for None).
+
+    Example:
+        ```python
+        config = tfdist.compression.serialize(tfdist.compression.TopK(0.01))
+        assert config == {"name": "topk", "ratio": 0.01}
+        assert tfdist.compression.get(config).ratio == 0.01
+        ```
+    """
     if compressor is None:
         return None
-    if not compressor.registry_name:
-        raise ValueError(f"{type(compressor).__name__} is not registered: decorate it with "
-                         "@tfdist.compression.register(name) to save it in a config.")
-    return {"name": compressor.registry_name, **compressor.get_config()}
+    name = COMPRESSORS.name_for(type(compressor))
+    if name is None:
+        raise ValueError(f"{type(compressor).__name__} is defined inside a function: define it "
+                         "at a module's top level, or decorate it with "
+                         "@tfdist.compression.register(name), to save it in a config.")
+    return {"name": name, **compressor.get_config()}
 
 
 @register("none")
 class Identity(Compressor):
-    """No compression: the dense tensor is the payload (summable)."""
+    """No compression: the dense tensor is the payload (summable).
+
+    Example:
+        ```python
+        codec = tfdist.compression.Identity()
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # the dense tensor itself
+        assert bool(tf.reduce_all(approx == gradient))
+        ```
+    """
 
     summable = True
     keeps_nonfinite = True

@@ -26,6 +26,18 @@ class DGC(SparsePayload, Compressor):
         clip_norm: Clip each local gradient tensor to this L2 norm first; None to skip.
         warmup_steps: Exchanges over which the kept share decreases to `ratio`. Defaults to 0.
         warmup_ratios: Kept shares during warm-up, used in equal spans of `warmup_steps`.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            # plain SGD inside: DGC keeps the momentum itself (momentum correction)
+            model.compile(optimizer=tfdist.DistributedOptimizer(
+                keras.optimizers.SGD(0.1), compressor=tfdist.compression.DGC(0.01, momentum=0.9),
+                min_compress_size=256), loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     has_error_feedback = True

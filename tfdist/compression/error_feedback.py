@@ -18,6 +18,18 @@ class ErrorFeedback(Compressor):
 
     Args:
         inner: The compressor whose error is fed back.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        top_1_percent = tfdist.compression.ErrorFeedback(tfdist.compression.TopK(0.01))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(
+                keras.optimizers.SGD(0.1), compressor=top_1_percent, min_compress_size=256),
+                loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     def __init__(self, inner: Compressor):

@@ -91,6 +91,14 @@ class QSGD(Compressor):
         levels: Quantization levels s >= 1 (codes in [-s, s]).
         bucket_size: Elements per bucket, each with its own norm. Defaults to 512.
         seed: Seed of the stochastic rounding (combined with the step and the worker's rank).
+
+    Example:
+        ```python
+        codec = tfdist.compression.QSGD(levels=8, bucket_size=512)
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # unbiased: the input on average
+        ```
     """
 
     unbiased = True
@@ -137,7 +145,16 @@ class QSGD(Compressor):
 @register("nuqsgd")
 class NUQSGD(QSGD):
     """QSGD with exponentially spaced levels {0, 2^(1-s), ..., 1/2, 1}: finer near zero, where
-    most normalized gradient entries lie."""
+    most normalized gradient entries lie.
+
+    Example:
+        ```python
+        codec = tfdist.compression.NUQSGD(levels=8)
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # unbiased, finer near zero
+        ```
+    """
 
     spacing = "exponential"
 

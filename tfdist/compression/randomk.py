@@ -22,6 +22,15 @@ class RandomK(Compressor):
         ratio: Share of elements kept, in (0, 1].
         seed: Shared seed (all workers must use the same).
         scale: Scale kept values by n/k (unbiased). Defaults to True.
+
+    Example:
+        ```python
+        codec = tfdist.compression.RandomK(0.01)
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # 64 of the 6,400 values, scaled by 100
+        assert int(tf.math.count_nonzero(approx)) == 64
+        ```
     """
 
     summable = True

@@ -44,7 +44,17 @@ def _flat(x):
 
 @register("signsgd")
 class SignSGD(Compressor):
-    """x -> mean(|x|) * sign(x); 1 bit per element plus one float32 scale."""
+    """x -> mean(|x|) * sign(x); 1 bit per element plus one float32 scale.
+
+    Example:
+        ```python
+        codec = tfdist.compression.SignSGD()
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # mean(|g|) * sign(g): 1 bit per value
+        assert len(np.unique(np.abs(approx.numpy()))) == 1
+        ```
+    """
 
     def compress(self, x, state, step, rank=0):
         flat = _flat(x)
@@ -57,7 +67,17 @@ class SignSGD(Compressor):
 
 @register("onebit")
 class OneBit(Compressor):
-    """1-bit SGD: two reconstruction values (mean of positives, mean of the rest) plus 1 bit each."""
+    """1-bit SGD: two reconstruction values (mean of positives, mean of the rest) plus 1 bit each.
+
+    Example:
+        ```python
+        codec = tfdist.compression.OneBit()
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # two values: the mean of the positives, the mean of the rest
+        assert len(np.unique(approx.numpy())) == 2
+        ```
+    """
 
     def compress(self, x, state, step, rank=0):
         flat = _flat(x)

@@ -30,6 +30,15 @@ class TernGrad(Compressor):
 
     Args:
         seed: Seed of the stochastic rounding (combined with the step and the worker's rank).
+
+    Example:
+        ```python
+        codec = tfdist.compression.TernGrad()
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # each value -max|g|, 0 or max|g|, unbiased
+        assert len(np.unique(np.abs(approx.numpy()))) <= 2
+        ```
     """
 
     unbiased = True

@@ -20,6 +20,16 @@ class Threshold(SparsePayload, Compressor):
     Args:
         threshold: Magnitude threshold (> 0).
         max_ratio: Payload capacity as a share of the elements, in (0, 1]. Defaults to 0.01.
+
+    Example:
+        ```python
+        codec = tfdist.compression.Threshold(2.0, max_ratio=0.05)
+        gradient = tf.random.normal([64, 100])
+        payload, ctx, _ = codec.compress(gradient, codec.init_state(gradient.shape, gradient.dtype), step=0)
+        approx = codec.decompress(payload, ctx)  # only the values with |g| >= 2, at most 5% of them
+        kept = approx.numpy()[approx.numpy() != 0]
+        assert len(kept) <= 320 and np.all(np.abs(kept) >= 2.0)
+        ```
     """
 
     def __init__(self, threshold: float, max_ratio: float = 0.01):

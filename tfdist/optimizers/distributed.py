@@ -140,12 +140,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     Example:
         ```python
-        strategy = tf.distribute.MirroredStrategy()
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
         with strategy.scope():
             model = build_model()
             opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3), accumulation_steps=4)
             model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
-        model.fit(ds, epochs=3, steps_per_epoch=100)
+        model.fit(x, y, batch_size=64, epochs=1)
         print(opt.bytes_sent / opt.communication_rounds, "bytes per round")
         ```
     """

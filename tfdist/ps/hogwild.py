@@ -40,11 +40,12 @@ class HogwildStrategy(tf.distribute.experimental.CentralStorageStrategy):
 
     Example:
         ```python
-        strategy = tfdist.ps.HogwildStrategy(["/cpu:0", "/cpu:1"])
+        strategy = tfdist.ps.HogwildStrategy(tfdist.devices.local_devices(2))
         with strategy.scope():
             model = build_model()
-            model.compile(optimizer=tfdist.ps.HogwildSGD(0.05), loss=..., jit_compile=False)
-        model.fit(x, y, batch_size=64)
+            model.compile(optimizer=tfdist.ps.HogwildSGD(0.05),
+                          loss="sparse_categorical_crossentropy", jit_compile=False)
+        model.fit(x, y, batch_size=64, epochs=1)
         ```
     """
 
@@ -80,6 +81,16 @@ class HogwildSGD(keras.optimizers.Optimizer):
     Args:
         learning_rate: A float or a schedule.
         name: Optional name.
+
+    Example:
+        ```python
+        strategy = tfdist.ps.HogwildStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.ps.HogwildSGD(0.05),
+                          loss="sparse_categorical_crossentropy", jit_compile=False)
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     def __init__(self, learning_rate=0.01, name: str | None = None, **kwargs):

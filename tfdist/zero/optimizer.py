@@ -148,11 +148,12 @@ class ZeroOptimizer(DistributedOptimizer):
 
     Example:
         ```python
-        with tf.distribute.MirroredStrategy().scope():
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
             model = build_model()
             model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=2),
                           loss="sparse_categorical_crossentropy")
-        model.fit(ds)
+        model.fit(x, y, batch_size=64, epochs=1)
         print(tfdist.zero.memory_report(model.optimizer))  # bytes per device
         ```
     """

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tfdist
 
-x, y = tfdist.data.load_digits()  # 1,437 images of 8x8x1 and their labels (0-9)
+x, y = tfdist.data.load_digits()  # 1,438 images of 8x8x1 and their labels (0-9)
 
 
 def build_model():
@@ -39,6 +39,8 @@ LAUNCHERS = ("# python -m tfdist.launch", "# horovodrun")
 
 RUNNER = """
 import json, os, sys, traceback
+import tfdist
+tfdist.devices.local_devices(2)  # as the first line of a fresh script would, before TF runs
 examples = json.load(open(sys.argv[1]))
 failed = {}
 for name, code in examples:

@@ -90,7 +90,17 @@ def place_slots(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optim
 def on_device(device: str, fn, *tensors):
     """`fn(*tensors)` with its forward and its gradient ops on `device` (a plain `tf.device`
     places only the forward). Variables `fn` reads (a Keras layer's weights) get their gradients
-    there too."""
+    there too.
+
+    Example:
+        ```python
+        device = tfdist.devices.local_devices(2)[1]
+        w = tf.Variable(tf.ones([4, 4]))
+        with tf.GradientTape() as tape:
+            y = tfdist.tensor_parallel.on_device(device, lambda a: tf.matmul(a, w), tf.ones([2, 4]))
+        print(tape.gradient(y, w))  # the matmul and its gradient both ran on `device`
+        ```
+    """
 
     @tf.custom_gradient
     def placed(*inputs):

@@ -25,7 +25,20 @@ from tfdist.registry import Registry
 
 
 class OuterRule:
-    """Base class of outer rules (see the module docstring)."""
+    """Base class of outer rules (see the module docstring).
+
+    Example:
+        ```python
+        class Halfway(tfdist.averaging.OuterRule):
+            # each replica moves half way to the round's mean
+
+            def update(self, own, mean, anchor, buffer, world_size, first):
+                return own + 0.5 * (mean - own), anchor, buffer
+
+
+        local_sgd = tfdist.optimizers.LocalSGD(tfdist.averaging.PeriodicSchedule(8), outer=Halfway())
+        ```
+    """
 
     registry_name: str = ""  # set by @register
 
@@ -42,7 +55,20 @@ OUTER_RULES = Registry("outer rule", OuterRule)
 
 def register(name: str):
     """Class decorator: makes an outer rule known to configs under `name` (`tfdist.registry`;
-    a rule can also be named by its import path, `module.path:Class`)."""
+    a rule can also be named by its import path, `module.path:Class`).
+
+    Example:
+        ```python
+        @tfdist.averaging.register("halfway")
+        class Halfway(tfdist.averaging.OuterRule):
+            def update(self, own, mean, anchor, buffer, world_size, first):
+                return own + 0.5 * (mean - own), anchor, buffer
+
+
+        local_sgd = tfdist.optimizers.LocalSGD(tfdist.averaging.PeriodicSchedule(8),
+                                               outer={"name": "halfway"})
+        ```
+    """
     return OUTER_RULES.register(name)
 
 
@@ -59,6 +85,13 @@ class SlowMo(OuterRule):
     Args:
         momentum: Outer momentum beta in [0, 1). Defaults to 0.5.
         learning_rate: Outer learning rate alpha > 0. Defaults to 1.0.
+
+    Example:
+        ```python
+        local_sgd = tfdist.optimizers.LocalSGD(tfdist.averaging.PeriodicSchedule(8),
+                                               outer=tfdist.averaging.SlowMo(momentum=0.5))
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), local_sgd)
+        ```
     """
 
     momentum: float = 0.5
@@ -89,6 +122,13 @@ class SMA(OuterRule):
     Args:
         alpha: Pull strength in (0, 1]; Crossbow uses 1 / N. Defaults to 0.1.
         momentum: Momentum of the central model in [0, 1). Defaults to 0.9.
+
+    Example:
+        ```python
+        local_sgd = tfdist.optimizers.LocalSGD(tfdist.averaging.PeriodicSchedule(1),
+                                               outer=tfdist.averaging.SMA(alpha=0.1, momentum=0.9))
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), local_sgd)
+        ```
     """
 
     alpha: float = 0.1

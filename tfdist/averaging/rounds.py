@@ -19,6 +19,24 @@ def average(comm: Communicator, variables: Sequence, outer: OuterRule | None = N
     With `outer`, the first len(anchors) variables take its update (`outer.update`) from the
     mean, with their `anchors` and `buffers`; `first` tells it this is the first round. With
     `group_size`, the mean is over each group of that many consecutive replicas (a host) only.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            v = tf.Variable(0.0, aggregation=tf.VariableAggregation.NONE)
+
+
+        @tf.function
+        def step():
+            context = tf.distribute.get_replica_context()
+            v.assign(tf.cast(context.replica_id_in_sync_group, tf.float32))  # 0 and 1
+            tfdist.averaging.average(tfdist.comm.ReplicaCommunicator(strategy), [v])
+
+
+        strategy.run(step)
+        assert [float(c) for c in v.values] == [0.5, 0.5]
+        ```
     """
     values = [tf.convert_to_tensor(v) for v in variables]
     means = (comm.all_reduce(values, op="mean") if group_size is None
@@ -38,7 +56,26 @@ def gossip(comm: Communicator, variables: Sequence) -> None:
     """One decentralized round (BAGUA-style ring gossip): each replica replaces each variable by
     the mean of its own and its two ring neighbours' copies (of the one other copy when there are
     two replicas). The copies travel by all-gather, whose bytes are what is counted: (N - 1) x the
-    variable's size per replica."""
+    variable's size per replica.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            v = tf.Variable(0.0, aggregation=tf.VariableAggregation.NONE)
+
+
+        @tf.function
+        def step():
+            context = tf.distribute.get_replica_context()
+            v.assign(tf.cast(context.replica_id_in_sync_group, tf.float32))
+            tfdist.averaging.gossip(tfdist.comm.ReplicaCommunicator(strategy), [v])  # with neighbours
+
+
+        strategy.run(step)
+        print([float(c) for c in v.values])
+        ```
+    """
     n = comm.world_size
     rank = tf.cast(comm.rank, tf.int32)
     for var in variables:
@@ -54,7 +91,16 @@ def gossip(comm: Communicator, variables: Sequence) -> None:
 
 def optimizer_slots(optimizer, exclude=()) -> list:
     """The optimizer's per-variable state (momentum, Adam moments): its floating-point
-    variables other than the learning rate and the variables in `exclude`."""
+    variables other than the learning rate and the variables in `exclude`.
+
+    Example:
+        ```python
+        model = build_model()
+        adam = keras.optimizers.Adam()
+        adam.build(model.trainable_variables)
+        print(len(tfdist.averaging.optimizer_slots(adam)))  # 2 moments x 2 variables = 4
+        ```
+    """
     skip = {id(getattr(v, "value", v)) for v in exclude}
     return [v for v in optimizer.variables
             if v.dtype in ("float16", "bfloat16", "float32", "float64")

@@ -26,6 +26,14 @@ class PeriodicSchedule:
     Args:
         period: Local steps between averaging rounds (H >= 1; 1 is synchronous training).
         warmup_steps: Synchronous steps first (W >= 0). The warm-up is set here only.
+
+    Example:
+        ```python
+        schedule = tfdist.averaging.PeriodicSchedule(4, warmup_steps=2)
+        print([bool(schedule.is_averaging(step)) for step in range(10)])  # rounds at steps 5 and 9
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                tfdist.optimizers.LocalSGD(schedule))
+        ```
     """
 
     period: int
@@ -65,6 +73,14 @@ class HierarchicalSchedule:
         warmup_steps: Synchronous steps first.
         host_size: Replicas per host, a divisor of the number of replicas; None for the
             engine's own notion of a host (see above).
+
+    Example:
+        ```python
+        # within each host of 2 replicas every 2 steps, across hosts every 8
+        schedule = tfdist.averaging.HierarchicalSchedule(2, 8, host_size=2)
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                tfdist.optimizers.LocalSGD(schedule))
+        ```
     """
 
     intra_period: int

@@ -602,11 +602,29 @@ REMOVING = ".removing"
 
 
 class BackupError(ValueError):
-    """Backups cannot be used as configured (the message says why and what to do)."""
+    """Backups cannot be used as configured (the message says why and what to do).
+
+    Example:
+        ```python
+        try:
+            tfdist.callbacks.BackupAndRestore("backup", save_freq=0)
+        except (tfdist.callbacks.BackupError, ValueError) as e:
+            print(e)  # what is wrong and what to do
+        ```
+    """
 
 
 class BackupMismatch(BackupError):
-    """A backup was written by another job (`BackupAndRestore(job=...)` differs)."""
+    """A backup was written by another job (`BackupAndRestore(job=...)` differs).
+
+    Example:
+        ```python
+        backup = tfdist.callbacks.BackupAndRestore("backup", save_freq=10, job={"batch_size": 64})
+        # a restart with job={"batch_size": 128} finds this job's backup and raises
+        # BackupMismatch, naming batch_size: 64 -> 128
+        assert issubclass(tfdist.callbacks.BackupMismatch, tfdist.callbacks.BackupError)
+        ```
+    """
 
 
 def _differences(saved: dict | None, now: dict | None) -> list[str]:

@@ -41,6 +41,13 @@ def throughput_policy(tolerance: float = 0.05) -> Policy:
     The policy is a function (measured {size: examples/s}, current size, fewest, most) ->
     (size to run at, reason). Each size is measured once, so it settles after at most
     (most - fewest + 1) restarts.
+
+    Example:
+        ```python
+        policy = tfdist.callbacks.throughput_policy(tolerance=0.05)
+        size, reason = policy({3: 300.0, 2: 290.0}, 2, 1, 4)  # examples/s at 3 and 2 workers
+        print(size, reason)  # 2 is within 5% of the best: the third worker does not pay
+        ```
     """
     tolerance = check_number("tolerance", tolerance, 0, 1, high_open=True)
 
@@ -84,6 +91,21 @@ class ElasticResize(keras.callbacks.Callback):
         warmup_steps: Steps after a start before measuring, >= 1. Defaults to 5.
         policy: (measured, size, fewest, most) -> (size, reason). Defaults to
             `throughput_policy()`.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --elastic --hostfile hosts.txt --min-workers 2 -- python train.py
+        strategy = tfdist.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        backup = tfdist.callbacks.BackupAndRestore("/shared/backup", save_freq=20)
+        resize = tfdist.callbacks.ElasticResize(backup, global_batch_size=64, every=50,
+                                                policy=tfdist.callbacks.throughput_policy(0.05))
+        model.fit(tfdist.data.distribute(strategy, x, y, 64, start=backup.data_start), epochs=10,
+                  steps_per_epoch=22, callbacks=[backup, resize])
+        ```
     """
 
     def __init__(self, backup: BackupAndRestore, global_batch_size: int, every: int = 50,
@@ -154,6 +176,20 @@ class ElasticJoin(keras.callbacks.Callback):
 
     Args:
         backup: The job's `BackupAndRestore` (in `fit`'s callbacks too, before this).
+
+    Example:
+        ```python
+        # python -m tfdist.launch --elastic --hostfile hosts.txt --min-workers 2 -- python train.py
+        strategy = tfdist.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        backup = tfdist.callbacks.BackupAndRestore("/shared/backup", save_freq=20)
+        data = tfdist.data.distribute(strategy, x, y, 64, start=backup.data_start)
+        model.fit(data, epochs=10, steps_per_epoch=22,
+                  callbacks=[backup, tfdist.callbacks.ElasticJoin(backup)])
+        ```
     """
 
     def __init__(self, backup: BackupAndRestore):

@@ -27,6 +27,12 @@ def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0)
         split: "train", "test" or "all".
         test_fraction: Share of examples held out for "test", stratified by a fixed shuffle.
         seed: Seed of the train/test split.
+
+    Example:
+        ```python
+        x, y = tfdist.data.load_digits()  # 1,438 training images; split="test" gives the 359 others
+        assert x.shape == (1438, 8, 8, 1) and set(y.tolist()) == set(range(10))
+        ```
     """
     if split not in ("train", "test", "all"):
         raise ValueError(f"`split` must be 'train', 'test' or 'all'. Received: split={split!r}")
@@ -47,7 +53,14 @@ def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0)
 def synthetic_classification(
     num_examples: int, input_shape=(32,), num_classes: int = 10, seed: int = 0
 ):
-    """A learnable synthetic set: labels from a fixed random linear map of Gaussian inputs."""
+    """A learnable synthetic set: labels from a fixed random linear map of Gaussian inputs.
+
+    Example:
+        ```python
+        x, y = tfdist.data.synthetic_classification(4096, input_shape=(32,), num_classes=10)
+        assert x.shape == (4096, 32) and y.max() < 10
+        ```
+    """
     if num_examples < 1 or num_classes < 2:
         raise ValueError(
             "Need num_examples >= 1 and num_classes >= 2. "
@@ -62,7 +75,14 @@ def synthetic_classification(
 
 def epoch_order(num_examples: int, seed: int, epoch, shuffle: bool = True) -> tf.Tensor:
     """The example order of data epoch `epoch`: a stateless shuffle seeded by (seed, epoch), so
-    a pure function of its arguments (the same in any process, graph or engine)."""
+    a pure function of its arguments (the same in any process, graph or engine).
+
+    Example:
+        ```python
+        order = tfdist.data.epoch_order(5, seed=0, epoch=3)  # the same on every worker and rerun
+        assert sorted(order.numpy().tolist()) == [0, 1, 2, 3, 4]
+        ```
+    """
     order = tf.range(num_examples, dtype=tf.int64)
     if not shuffle:
         return order
@@ -88,6 +108,13 @@ def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = 
         start: Global batches of the sequence to skip: an int, or a callable returning one,
             called whenever an iterator is created (`tfdist.callbacks.BackupAndRestore
             .data_start` resumes where a backup left off).
+
+    Example:
+        ```python
+        batches = tfdist.data.global_batches(x, y, global_batch_size=64, seed=0, repeat=False)
+        images, labels = next(iter(batches))
+        assert images.shape == (64, 8, 8, 1)  # the same batches on every worker and engine
+        ```
     """
     n = len(y)
     if len(x) != n:
@@ -124,7 +151,15 @@ def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.
     """`dataset` from element `start` on, for datasets that are not tfdist's own: `start` is an
     int or a callable (`BackupAndRestore.data_start`) called whenever an iterator is created.
     The skipped elements are read and dropped, so the dataset must give the same sequence
-    every time (a fixed shuffle seed)."""
+    every time (a fixed shuffle seed).
+
+    Example:
+        ```python
+        dataset = tf.data.Dataset.range(100).batch(10)
+        later = tfdist.data.resume(dataset, start=3)  # from the 4th batch on
+        assert next(iter(later))[0] == 30
+        ```
+    """
     if not callable(start):
         return dataset.skip(_check_start(start))
     return _origin(start).flat_map(dataset.skip)
@@ -154,7 +189,16 @@ def _check_start(start) -> int:
 
 
 def shard_batches(batches: tf.data.Dataset, index: int, count: int) -> tf.data.Dataset:
-    """Slice `index` of `count` equal slices of each batch (worker `index`'s share)."""
+    """Slice `index` of `count` equal slices of each batch (worker `index`'s share).
+
+    Example:
+        ```python
+        batches = tfdist.data.global_batches(x, y, 64, repeat=False)
+        mine = tfdist.data.shard_batches(batches, index=1, count=2)  # worker 1 of 2
+        images, labels = next(iter(mine))
+        assert images.shape == (32, 8, 8, 1)
+        ```
+    """
     if not 0 <= index < count:
         raise ValueError(f"Need 0 <= index < count. Received: index={index}, count={count}")
     batch = batches.element_spec[0].shape[0]
@@ -174,6 +218,16 @@ def distribute(strategy: tf.distribute.Strategy, x, y, global_batch_size: int, s
 
     Works for MirroredStrategy (one input pipeline feeding several replicas) and multi-worker
     strategies (one pipeline per worker). Pass the result to `fit` with `steps_per_epoch`.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        data = tfdist.data.distribute(strategy, x, y, global_batch_size=64, seed=0)
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        model.fit(data, epochs=2, steps_per_epoch=22)  # each replica gets 32 of each batch of 64
+        ```
     """
     return distribute_batches(strategy, lambda: global_batches(
         x, y, global_batch_size, seed=seed, shuffle=shuffle, repeat=repeat, start=start))
@@ -186,6 +240,13 @@ def distribute_batches(strategy: tf.distribute.Strategy, make_batches):
 
     Raises:
         ValueError: if the global batch size does not divide by the number of replicas.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        data = tfdist.data.distribute_batches(
+            strategy, lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True))
+        ```
     """
     replicas = strategy.num_replicas_in_sync
     batch = make_batches().element_spec[0].shape[0]

@@ -19,7 +19,13 @@ __all__ = ["balance_by_size", "balance_by_time", "split", "partition"]
 
 
 def partition(costs: Sequence[float], k: int) -> list[int]:
-    """Sizes of K contiguous, non-empty parts of `costs` whose largest sum is smallest."""
+    """Sizes of K contiguous, non-empty parts of `costs` whose largest sum is smallest.
+
+    Example:
+        ```python
+        assert tfdist.pipeline.partition([1, 1, 1, 1, 4], 2) == [4, 1]  # sums 4 and 4
+        ```
+    """
     n = len(costs)
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"The number of stages must be a positive integer, got {k!r}.")
@@ -45,7 +51,15 @@ def partition(costs: Sequence[float], k: int) -> list[int]:
 
 
 def split(layers: Sequence[keras.layers.Layer], sizes: Sequence[int]) -> list[list]:
-    """`layers` cut into consecutive stages of the given sizes."""
+    """`layers` cut into consecutive stages of the given sizes.
+
+    Example:
+        ```python
+        layers = [keras.layers.Dense(8) for _ in range(5)]
+        stages = tfdist.pipeline.split(layers, [3, 2])
+        assert [len(s) for s in stages] == [3, 2]
+        ```
+    """
     if sum(sizes) != len(layers) or any(s < 1 for s in sizes):
         raise ValueError(f"Stage sizes {list(sizes)} must be positive and add up to the "
                          f"{len(layers)} layers.")
@@ -63,7 +77,16 @@ def _built(layers, input_shape) -> None:
 
 
 def balance_by_size(layers: Sequence[keras.layers.Layer], k: int, input_shape=None) -> list[int]:
-    """Stage sizes balancing the parameter count (layers are built on `input_shape` if needed)."""
+    """Stage sizes balancing the parameter count (layers are built on `input_shape` if needed).
+
+    Example:
+        ```python
+        layers = [keras.layers.Flatten(), keras.layers.Dense(256), keras.layers.Dense(256),
+                  keras.layers.Dense(10)]
+        sizes = tfdist.pipeline.balance_by_size(layers, 2, input_shape=(None, 8, 8, 1))
+        stages = tfdist.pipeline.split(layers, sizes)
+        ```
+    """
     if input_shape is not None:
         _built(layers, input_shape)
     unbuilt = [layer.name for layer in layers if not layer.built]
@@ -76,7 +99,15 @@ def balance_by_size(layers: Sequence[keras.layers.Layer], k: int, input_shape=No
 def balance_by_time(layers: Sequence[keras.layers.Layer], k: int, sample, repeats: int = 5
                     ) -> list[int]:
     """Stage sizes balancing the measured forward + backward time per layer on `sample`
-    (the median of `repeats` timings after one warm-up)."""
+    (the median of `repeats` timings after one warm-up).
+
+    Example:
+        ```python
+        layers = [keras.layers.Flatten(), keras.layers.Dense(256), keras.layers.Dense(256),
+                  keras.layers.Dense(10)]
+        sizes = tfdist.pipeline.balance_by_time(layers, 2, sample=x[:64])  # measured on 64 images
+        ```
+    """
     sample = tf.convert_to_tensor(sample)
     _built(layers, sample.shape)
     costs = []

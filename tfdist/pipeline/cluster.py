@@ -83,6 +83,17 @@ def cluster_devices(stages: int | None = None, replicas: int = 1, resolver=None,
 
     Raises `ValueError` before anything starts when stages x replicas is not the number of
     workers (a stage count above the hosts included).
+
+    Example:
+        ```python
+        # python -m tfdist.launch --workers 2 -- python train.py  (TF_CONFIG on each worker)
+        devices = tfdist.pipeline.cluster_devices()  # worker 0 drives; the others serve, then exit
+        stages = [[keras.layers.Flatten(), keras.layers.Dense(128, activation="relu")],
+                  [keras.layers.Dense(10)]]
+        model = tfdist.pipeline.PipelineModel(
+            tfdist.pipeline.Pipeline(stages, devices=devices, num_microbatches=4),
+            input_shape=(8, 8, 1))
+        ```
     """
     for name, value in (("stages", stages), ("replicas", replicas)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -55,6 +55,18 @@ class Pipeline(keras.layers.Layer):
       schedule: "gpipe" or "1f1b" (see `tfdist.pipeline.schedule`).
       remat: re-materialize stages in the backward: "except_last" (default, as torchgpipe),
         "all" or "none" (True and False mean "all" and "none").
+
+    Example:
+        ```python
+        stages = [[keras.layers.Flatten(), keras.layers.Dense(128, activation="relu")],
+                  [keras.layers.Dense(10)]]
+        pipe = tfdist.pipeline.Pipeline(stages, devices=tfdist.devices.local_devices(2),
+                                        num_microbatches=4, schedule="gpipe")
+        model = keras.Sequential([keras.Input((8, 8, 1)), pipe])  # a layer in any model
+        model.compile(tfdist.devices.place_slots(keras.optimizers.Adam()),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=64, epochs=1)
+        ```
     """
 
     def __init__(self, stages, devices=None, num_microbatches: int = 1, schedule: str = "gpipe",

@@ -25,7 +25,21 @@ class PipelineModel(keras.Model):
     variables when training begins need (e.g. Horovod's broadcast); otherwise it is built by the
     first step. `compile` places the optimizer's slots on their variables' devices. `predict`
     and `evaluate` run the pipeline forward; with stages on other hosts, a host lost during
-    `fit`, `evaluate` or `predict` is named in the error. Layer losses (`add_loss`) are not supported here."""
+    `fit`, `evaluate` or `predict` is named in the error. Layer losses (`add_loss`) are not supported here.
+
+    Example:
+        ```python
+        stages = [[keras.layers.Flatten(), keras.layers.Dense(128, activation="relu")],
+                  [keras.layers.Dense(10)]]
+        model = tfdist.pipeline.PipelineModel(
+            tfdist.pipeline.Pipeline(stages, devices=tfdist.devices.local_devices(2),
+                                     num_microbatches=4, schedule="1f1b"), input_shape=(8, 8, 1))
+        model.compile(keras.optimizers.Adam(),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=64, epochs=1)
+        print(model.pipeline.stats)  # micro-batches and bytes kept per stage (a PipelineStats)
+        ```
+    """
 
     def __init__(self, pipeline: Pipeline, input_shape=None, **kwargs):
         super().__init__(**kwargs)

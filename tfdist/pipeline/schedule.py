@@ -24,6 +24,16 @@ __all__ = ["Task", "SCHEDULES", "gpipe", "one_f_one_b", "build", "in_flight", "b
 
 
 class Task(NamedTuple):
+    """One cell of a clock table: the forward ("F") or backward ("B") of micro-batch `micro` on
+    stage `stage`, shown as `F0.1`.
+
+    Example:
+        ```python
+        first = tfdist.pipeline.schedule.gpipe(2, 2)[0]  # the tasks of the first tick
+        print(first)  # [F0.0]: the forward of micro-batch 0 on stage 0
+        ```
+    """
+
     kind: str  # "F" (forward) or "B" (backward)
     micro: int
     stage: int
@@ -46,6 +56,13 @@ def gpipe(m: int, k: int) -> Table:
 
     Forward of micro-batch i on stage j runs at tick i + j; its backward at
     (M + K - 1) + i + (K - 1 - j).
+
+    Example:
+        ```python
+        table = tfdist.pipeline.schedule.gpipe(4, 2)  # 4 micro-batches, 2 stages
+        print(len(table), "ticks; stage idle share",
+              tfdist.pipeline.schedule.idle_fraction(table, 2))
+        ```
     """
     _check(m, k)
     ticks = m + k - 1
@@ -66,7 +83,14 @@ def _one_f_one_b_order(m: int, k: int, stage: int) -> list[Task]:
 
 def one_f_one_b(m: int, k: int) -> Table:
     """1F1B (PipeDream-Flush): each stage's own order, each task run at the first tick its inputs
-    are ready (the forward of the stage before, or the backward of the stage after)."""
+    are ready (the forward of the stage before, or the backward of the stage after).
+
+    Example:
+        ```python
+        table = tfdist.pipeline.schedule.one_f_one_b(8, 4)
+        print(tfdist.pipeline.schedule.in_flight(table, 4))  # at most 4, 3, 2, 1 kept per stage
+        ```
+    """
     _check(m, k)
     orders = [_one_f_one_b_order(m, k, j) for j in range(k)]
     done: set[Task] = set()
@@ -97,6 +121,14 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
 def build(schedule: str, m: int, k: int) -> Table:
+    """The clock table of `schedule` (a name of `SCHEDULES`: "gpipe" or "1f1b") for `m`
+    micro-batches on `k` stages.
+
+    Example:
+        ```python
+        table = tfdist.pipeline.schedule.build("1f1b", 8, 4)  # or "gpipe"
+        ```
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"Unknown pipeline schedule {schedule!r}; use one of "
                          f"{', '.join(repr(s) for s in SCHEDULES)}.")
@@ -104,7 +136,14 @@ def build(schedule: str, m: int, k: int) -> Table:
 
 
 def in_flight(table: Table, k: int) -> list[int]:
-    """Per stage, the most micro-batches whose forward ran and whose backward did not yet."""
+    """Per stage, the most micro-batches whose forward ran and whose backward did not yet.
+
+    Example:
+        ```python
+        table = tfdist.pipeline.schedule.build("gpipe", 8, 4)
+        assert tfdist.pipeline.schedule.in_flight(table, 4) == [8, 8, 8, 8]  # GPipe keeps every one
+        ```
+    """
     live, peak = [0] * k, [0] * k
     for tick in table:
         for task in tick:
@@ -114,7 +153,14 @@ def in_flight(table: Table, k: int) -> list[int]:
 
 
 def idle_fraction(table: Table, k: int) -> list[float]:
-    """Per stage, the fraction of the table's ticks in which the stage runs nothing."""
+    """Per stage, the fraction of the table's ticks in which the stage runs nothing.
+
+    Example:
+        ```python
+        table = tfdist.pipeline.schedule.build("gpipe", 8, 4)
+        print(tfdist.pipeline.schedule.idle_fraction(table, 4))
+        ```
+    """
     busy = [0] * k
     for tick in table:
         for task in tick:
@@ -123,6 +169,12 @@ def idle_fraction(table: Table, k: int) -> list[float]:
 
 
 def bubble_fraction(m: int, k: int) -> float:
-    """The GPipe paper's bubble: (K - 1) / (M + K - 1)."""
+    """The GPipe paper's bubble: (K - 1) / (M + K - 1).
+
+    Example:
+        ```python
+        assert tfdist.pipeline.schedule.bubble_fraction(8, 4) == 3 / 11
+        ```
+    """
     _check(m, k)
     return (k - 1) / (m + k - 1)

@@ -20,7 +20,16 @@ MERGES = ("add", "concat")
 
 @keras.saving.register_keras_serializable(package="tfdist")
 class Stash(keras.layers.Layer):
-    """Passes its input through unchanged and keeps it under `skip` for a later `Pop`."""
+    """Passes its input through unchanged and keeps it under `skip` for a later `Pop`.
+
+    Example:
+        ```python
+        stages = [[keras.layers.Flatten(), keras.layers.Dense(64), tfdist.pipeline.Stash("skip")],
+                  [keras.layers.Dense(64), tfdist.pipeline.Pop("skip"), keras.layers.Dense(10)]]
+        pipe = tfdist.pipeline.Pipeline(stages, devices=tfdist.devices.local_devices(2))
+        print(pipe(x[:4]).shape)  # stage 2 adds stage 1's output back (a residual across stages)
+        ```
+    """
 
     def __init__(self, skip: str, **kwargs):
         super().__init__(**kwargs)
@@ -40,7 +49,17 @@ class Stash(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tfdist")
 class Pop(keras.layers.Layer):
-    """Merges the tensor stashed under `skip` into its input: `merge="add"` or `"concat"`."""
+    """Merges the tensor stashed under `skip` into its input: `merge="add"` or `"concat"`.
+
+    Example:
+        ```python
+        stages = [[keras.layers.Flatten(), keras.layers.Dense(64), tfdist.pipeline.Stash("skip")],
+                  [keras.layers.Dense(64), tfdist.pipeline.Pop("skip", merge="concat"),
+                   keras.layers.Dense(10)]]
+        pipe = tfdist.pipeline.Pipeline(stages, devices=tfdist.devices.local_devices(2))
+        print(pipe(x[:4]).shape)
+        ```
+    """
 
     def __init__(self, skip: str, merge: str = "add", **kwargs):
         super().__init__(**kwargs)

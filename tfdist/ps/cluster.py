@@ -35,6 +35,13 @@ class Cluster:
         task_index: The index among the parameter servers, or the worker index.
         secret: The job's secret (`tfdist.security`): every RPC to a parameter server
             carries proof of it. `from_tf_config` reads it from the environment.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        cluster = tfdist.ps.Cluster.from_tf_config()  # reads TF_CONFIG and the job's secret
+        print(cluster.task_type, cluster.task_index, "of", cluster.num_workers, "workers")
+        ```
     """
 
     ps: tuple[str, ...]
@@ -100,7 +107,14 @@ class Cluster:
 def assign_shards(sizes: Sequence[int], num_ps: int) -> list[int]:
     """The parameter server of each variable: the largest first, each on the least loaded
     server (ties: the lower index), so the servers hold about equal bytes. The same on every
-    task, from the variables' sizes alone."""
+    task, from the variables' sizes alone.
+
+    Example:
+        ```python
+        # 4 variables on 2 servers: the largest first, each on the least loaded
+        assert tfdist.ps.assign_shards([100, 10, 50, 40], 2) == [0, 1, 1, 1]
+        ```
+    """
     if num_ps < 1:
         raise ValueError(f"`num_ps` must be >= 1. Received: {num_ps}")
     load = [0] * num_ps
@@ -118,6 +132,14 @@ def nbytes(variable) -> int:
 
 
 def shard_of(variables: Sequence, index: int, num_ps: int) -> list:
-    """The variables parameter server `index` of `num_ps` holds (`assign_shards`), in order."""
+    """The variables parameter server `index` of `num_ps` holds (`assign_shards`), in order.
+
+    Example:
+        ```python
+        model = build_model()
+        mine = tfdist.ps.shard_of(model.trainable_variables, index=0, num_ps=2)
+        print([v.path for v in mine])  # what server 0 of 2 holds
+        ```
+    """
     owner = assign_shards([nbytes(v) for v in variables], num_ps)
     return [v for v, o in zip(variables, owner) if o == index]

@@ -13,7 +13,15 @@ from tfdist.ps.cluster import Cluster
 
 @register
 class ParameterServerEngine(Engine):
-    """A task of a parameter-server job (never detected: chosen by name or created)."""
+    """A task of a parameter-server job (never detected: chosen by name or created).
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        engine = tfdist.ps.ParameterServerEngine(tfdist.ps.Cluster.from_tf_config())
+        print(engine.world_size)  # the workers of the job
+        ```
+    """
 
     name = "parameter_server"
 

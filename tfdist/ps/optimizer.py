@@ -80,6 +80,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
 
     Example (every task runs the same script; see `tfdist.ps.serve` for the ps side):
         ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
         cluster = tfdist.ps.Cluster.from_tf_config()
         model = build_model()  # the same seed on every task
         if cluster.is_ps:
@@ -87,7 +88,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         else:
             model.compile(optimizer=tfdist.ps.ParameterServerOptimizer(1e-3),
                           loss="sparse_categorical_crossentropy", jit_compile=False)
-            model.fit(my_shard, epochs=3, callbacks=[tfdist.ps.FinishCallback()])
+            model.fit(x, y, batch_size=64, epochs=3, callbacks=[tfdist.ps.FinishCallback()])
         ```
     """
 
@@ -338,6 +339,15 @@ class FinishCallback(keras.callbacks.Callback):
         log_dir: Where the chief writes the report to TensorBoard (`parameter_server/`:
             staleness mean and max, updates, workers lost, and the staleness histogram), or
             None.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        model = build_model()
+        model.compile(optimizer=tfdist.ps.ParameterServerOptimizer(1e-3),
+                      loss="sparse_categorical_crossentropy", jit_compile=False)
+        model.fit(x, y, batch_size=64, epochs=3, callbacks=[tfdist.ps.FinishCallback()])
+        ```
     """
 
     def __init__(self, chief: bool | None = None, log_dir: str | None = None):

@@ -96,6 +96,16 @@ class ParameterServer:
             with (`tfdist.ps.codec`), or None.
         checkpoint_dir: Where to write checkpoints (`tfdist.ps.checkpoint`), or None.
         checkpoint_every: Updates between two checkpoints (>= 1), with `checkpoint_dir`.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        # tfdist.ps.serve builds one for this task's shard and runs it; by hand:
+        cluster = tfdist.ps.Cluster.from_tf_config()
+        model = build_model()
+        shard = tfdist.ps.shard_of(model.trainable_variables, cluster.task_index, len(cluster.ps))
+        server = tfdist.ps.ParameterServer(shard, keras.optimizers.Adam(1e-3), cluster.num_workers)
+        ```
     """
 
     def __init__(self, variables, optimizer: keras.optimizers.Optimizer, num_workers: int,
@@ -489,7 +499,18 @@ def _rpc_function(handler, inputs: list[tf.TensorSpec], outputs):
 
 def staleness_report(stats) -> dict:
     """The counters `ParameterServer.stats()` returns, as a dict: updates applied, pushes, lost
-    and finished workers, and the staleness of the applied gradients (histogram, mean, max)."""
+    and finished workers, and the staleness of the applied gradients (histogram, mean, max).
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        cluster = tfdist.ps.Cluster.from_tf_config()
+        model = build_model()
+        if cluster.is_ps:
+            report = tfdist.ps.serve(model, keras.optimizers.Adam(1e-3), staleness=2)
+            print(report["staleness_mean"], report["staleness_max"])  # staleness_report's dict
+        ```
+    """
     stats = np.asarray(stats, np.int64)
     histogram = stats[:BUCKETS]
     count = int(histogram.sum())
@@ -528,6 +549,15 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         checkpoint_dir: A directory every ps task shares: the servers checkpoint there every
             `checkpoint_every` updates and resume from the newest step they all completed
             (removed when the job ends normally). None: no checkpoints.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        cluster = tfdist.ps.Cluster.from_tf_config()
+        model = build_model()
+        if cluster.is_ps:  # serves until every worker finished; then the report
+            print(tfdist.ps.serve(model, keras.optimizers.Adam(1e-3), staleness=2))
+        ```
     """
     cluster = Cluster.from_tf_config() if cluster is None else cluster
     if not cluster.is_ps:

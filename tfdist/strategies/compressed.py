@@ -95,11 +95,13 @@ class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrate
     Example (each worker runs it, e.g. under `python -m tfdist.launch --workers 2 -- python
     train.py`):
         ```python
+        # python -m tfdist.launch --workers 2 -- python train.py  (TF_CONFIG on each worker)
         strategy = tfdist.MultiWorkerCompressedStrategy({"name": "topk", "ratio": 0.01,
                                                          "error_feedback": True})
         with strategy.scope():
-            model = build_model()   # your model
+            model = build_model()
             model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        model.fit(tfdist.data.distribute(strategy, x, y, 64), epochs=3, steps_per_epoch=20)
         ```
     """
 

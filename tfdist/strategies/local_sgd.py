@@ -119,8 +119,12 @@ class MultiWorkerLocalSGDStrategy(_LocalSGD, MultiWorkerMirroredStrategy):
     Example (each worker runs it, e.g. under `python -m tfdist.launch --workers 2 -- python
     train.py`; build and compile under `strategy.scope()` as with `LocalSGDStrategy`):
         ```python
-        strategy = tfdist.MultiWorkerLocalSGDStrategy(period=8, warmup_steps=20,
-                                                      step_logs="local")
+        # python -m tfdist.launch --workers 2 -- python train.py  (TF_CONFIG on each worker)
+        strategy = tfdist.MultiWorkerLocalSGDStrategy(period=8, warmup_steps=20, step_logs="local")
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        model.fit(tfdist.data.distribute(strategy, x, y, 64), epochs=3, steps_per_epoch=20)
         ```
     """
 

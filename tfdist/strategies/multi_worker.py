@@ -42,12 +42,13 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     Example:
         ```python
-        # on each worker, with TF_CONFIG set:
+        # python -m tfdist.launch --workers 2 -- python train.py  (TF_CONFIG on each worker)
         strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=300)
         with strategy.scope():
             model = build_model()
-            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()), ...)
-        model.fit(dataset, epochs=3, steps_per_epoch=100)
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(tfdist.data.distribute(strategy, x, y, 64), epochs=3, steps_per_epoch=20)
         ```
     """
 

@@ -34,6 +34,14 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         key_dim, value_dim, use_bias, output_shape, kernel_initializer, bias_initializer:
             As in `keras.layers.MultiHeadAttention` (`output_shape`: an int, the last dimension).
         devices: The devices holding one block of heads each (default: the first two).
+
+    Example:
+        ```python
+        devices = tfdist.devices.local_devices(2)
+        attention = tfdist.tensor_parallel.ParallelMultiHeadAttention(4, 8, devices=devices)
+        sequence = np.random.rand(2, 16, 32).astype("float32")
+        print(attention(sequence, sequence).shape)  # 2 heads on each device
+        ```
     """
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,

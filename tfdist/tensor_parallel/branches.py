@@ -25,6 +25,14 @@ class ParallelBranches(keras.layers.Layer):
         devices: The devices (default: one per branch, as many as this process has).
         merge: "concat" (on `axis`), "add", or None for the list of branch outputs.
         axis: The concatenation axis.
+
+    Example:
+        ```python
+        devices = tfdist.devices.local_devices(2)
+        branches = tfdist.tensor_parallel.ParallelBranches(
+            [keras.layers.Conv2D(16, 1), keras.layers.Conv2D(16, 3, padding="same")], devices=devices)
+        print(branches(x[:4]).shape)  # each branch on its device, concatenated: (4, 8, 8, 32)
+        ```
     """
 
     def __init__(self, branches, devices=None, merge: str | None = "concat", axis: int = -1,

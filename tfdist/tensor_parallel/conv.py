@@ -42,6 +42,13 @@ class ParallelConv2D(keras.layers.Layer):
         split: "output" splits the filters, "input" the input channels (which must then divide).
         gather_output: With `split="output"`, False hands on the per-device blocks as a list.
         input_is_parallel: With `split="input"`, the input is that list (one block per device).
+
+    Example:
+        ```python
+        devices = tfdist.devices.local_devices(2)
+        conv = tfdist.tensor_parallel.ParallelConv2D(32, 3, padding="same", devices=devices)
+        print(conv(x[:4]).shape)  # 16 filters on each device
+        ```
     """
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid",

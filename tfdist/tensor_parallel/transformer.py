@@ -24,7 +24,14 @@ def transformer_block(input_shape, num_heads: int, key_dim: int, ff_dim: int,
                       activation="gelu", causal: bool = False, name: str = "transformer_block"
                       ) -> keras.Model:
     """The unsplit block as a functional Keras model on inputs of shape (sequence, features);
-    its layers are named attention_norm, attention, mlp_norm, mlp_in and mlp_out."""
+    its layers are named attention_norm, attention, mlp_norm, mlp_in and mlp_out.
+
+    Example:
+        ```python
+        block = tfdist.tensor_parallel.transformer_block((64, 32), num_heads=4, key_dim=8, ff_dim=64)
+        print(block.count_params())  # the unsplit reference of ParallelTransformerBlock
+        ```
+    """
     x = keras.Input(tuple(input_shape))
     h = keras.layers.LayerNormalization(name="attention_norm")(x)
     h = keras.layers.MultiHeadAttention(num_heads, key_dim, name="attention")(
@@ -47,6 +54,17 @@ class ParallelTransformerBlock(keras.layers.Layer):
         activation: The MLP's activation.
         causal: Masks attention to later positions (a decoder block).
         devices: The devices (default: the first two).
+
+    Example:
+        ```python
+        plain = tfdist.tensor_parallel.transformer_block((64, 32), num_heads=4, key_dim=8, ff_dim=64)
+        block = tfdist.tensor_parallel.ParallelTransformerBlock(
+            4, 8, 64, devices=tfdist.devices.local_devices(2))
+        block(np.zeros((1, 64, 32), "float32"))  # builds it
+        block.load_from(plain)
+        z = np.random.rand(2, 64, 32).astype("float32")
+        np.testing.assert_allclose(block(z), plain(z), atol=1e-5)
+        ```
     """
 
     def __init__(self, num_heads: int, key_dim: int, ff_dim: int, activation="gelu",

@@ -39,7 +39,14 @@ REDUCE_OPS = ("sum", "mean")
 
 
 def ring_bytes(kind: str, payload_bytes: float, world_size: int) -> float:
-    """Bytes one worker sends for a collective under ring algorithms (see module docstring)."""
+    """Bytes one worker sends for a collective under ring algorithms (see module docstring).
+
+    Example:
+        ```python
+        # a ring all-reduce of 1,000 bytes over 4 workers: each sends 2 x 3/4 of it
+        assert tfdist.comm.ring_bytes("all_reduce", 1000, 4) == 1500
+        ```
+    """
     n = world_size
     if n <= 1:
         return 0.0
@@ -61,7 +68,13 @@ def payload_nbytes(tensors: Sequence[tf.Tensor]):
 
 
 def static_nbytes(tensors: Sequence[tf.Tensor]) -> int:
-    """Payload size in bytes of tensors with fully known static shapes."""
+    """Payload size in bytes of tensors with fully known static shapes.
+
+    Example:
+        ```python
+        assert tfdist.comm.static_nbytes([tf.zeros([10, 10]), tf.zeros([4], tf.float16)]) == 408
+        ```
+    """
     total = 0
     for t in tensors:
         shape = t.shape
@@ -83,6 +96,16 @@ class ByteCounter:
             checkpoints carry the total). Every replica adds the same amount, so a variable whose
             replicas update independently (aggregation "none") stays consistent.
         calls: Optional scalar int64 variable counting collective calls.
+
+    Example:
+        ```python
+        total = tf.Variable(0.0, dtype=tf.float64)
+        calls = tf.Variable(0, dtype=tf.int64)
+        counter = tfdist.comm.ByteCounter(total, calls)
+        comm = tfdist.comm.LocalCommunicator(counter)  # a world of one sends nothing
+        comm.all_reduce([tf.ones(256)])
+        assert float(total.numpy()) == 0.0
+        ```
     """
 
     def __init__(self, variable, calls=None):
@@ -111,6 +134,21 @@ class Communicator(abc.ABC):
 
     Implementations must be usable inside `tf.function` and, for the tf.distribute engine, inside
     a replica context. `world_size` is a Python int; `rank` may be a tensor.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return comm.all_gather(tf.reshape(rank, [1]))  # [0.0, 1.0] on both
+
+
+        print(strategy.run(step))
+        ```
     """
 
     def __init__(self, counter: ByteCounter | None = None):
@@ -275,7 +313,14 @@ def _check_op(op: str) -> None:
 
 
 class LocalCommunicator(Communicator):
-    """A world of one worker: every collective is the identity and sends no bytes."""
+    """A world of one worker: every collective is the identity and sends no bytes.
+
+    Example:
+        ```python
+        comm = tfdist.comm.LocalCommunicator()
+        assert comm.world_size == 1 and comm.all_reduce([tf.ones(3)])[0].numpy().tolist() == [1, 1, 1]
+        ```
+    """
 
     @property
     def world_size(self) -> int:
@@ -310,7 +355,23 @@ def _flat_groups(tensors: Sequence[tf.Tensor], key) -> dict:
 def fused_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor],
                      op: str = "sum") -> list[tf.Tensor]:
     """All-reduces `tensors` as one flat buffer per dtype: one collective call per dtype (one in
-    the usual case), whatever the number of tensors. Returns them reduced, in their shapes."""
+    the usual case), whatever the number of tensors. Returns them reduced, in their shapes.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return tfdist.comm.fused_all_reduce(comm, [tf.ones([2, 3]) * rank, tf.ones([4])])  # one call
+
+
+        print(strategy.run(step))
+        ```
+    """
     tensors = list(tensors)
     out: list[Any] = [None] * len(tensors)
     groups = _flat_groups(tensors, lambda t: t.dtype)
@@ -350,7 +411,23 @@ def bucketed_all_reduce(comm: Communicator, tensors: Sequence, bucket_bytes: int
     made only of earlier tensors. The place matters, not only for overlap: tf.distribute runs
     one worker's collectives in the order they were created (they share an ordering token),
     so a collective created first whose input exists last (the first layer's embedding) would
-    hold back every bucket until the backward pass ends."""
+    hold back every bucket until the backward pass ends.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return tfdist.comm.bucketed_all_reduce(comm, [tf.ones([1000])] * 4, bucket_bytes=8000)  # 2 calls
+
+
+        print(strategy.run(step))
+        ```
+    """
     tensors = list(tensors)
     rows = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if rows and op != "sum":
@@ -390,7 +467,24 @@ def sparse_all_reduce(comm: Communicator, grad: tf.IndexedSlices, rows: int) -> 
     all-gathered, what it holds rather than the whole table (as Horovod and Keras do for sparse
     gradients): (N-1) x (rows held x (row bytes + 4)) sent per worker, against a dense
     all-reduce's 2 (N-1)/N x the table's bytes. Rows of 4-byte elements (float32) travel with
-    their indices as one buffer of 32-bit words, one all-gather call; others in two."""
+    their indices as one buffer of 32-bit words, one all-gather call; others in two.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return tfdist.comm.sparse_all_reduce(  # rows 0 and 3 of a 5-row table
+                comm, tf.IndexedSlices(tf.ones([2, 4]), tf.constant([0, 3]), tf.constant([5, 4])), rows=5)
+
+
+        print(strategy.run(step))
+        ```
+    """
     values = grad.values
     indices = tf.cast(grad.indices, tf.int32)
     width = values.shape[1:].num_elements()
@@ -412,7 +506,23 @@ _WORD = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
 def fused_all_gather(comm: Communicator, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """All-gathers `tensors` as one buffer of raw words per element size (one collective call in
     the usual case, where every payload has 4-byte elements). Returns, for each tensor, every
-    worker's copy stacked: shape [world_size, *shape], in rank order."""
+    worker's copy stacked: shape [world_size, *shape], in rank order.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return tfdist.comm.fused_all_gather(comm, [tf.reshape(rank, [1]), tf.range(2)])
+
+
+        print(strategy.run(step))
+        ```
+    """
     tensors = list(tensors)
     n = comm.world_size
     out: list[Any] = [None] * len(tensors)

@@ -17,7 +17,14 @@ from tfdist.comm.base import Communicator
 
 
 def model_fingerprint(variables: Sequence) -> np.ndarray:
-    """[number of variables, number of elements, CRC32 of the ordered shapes and dtypes]."""
+    """[number of variables, number of elements, CRC32 of the ordered shapes and dtypes].
+
+    Example:
+        ```python
+        fingerprint = tfdist.comm.model_fingerprint(build_model().trainable_variables)
+        print(fingerprint)  # [2 variables, 650 elements, CRC32 of their shapes and dtypes]
+        ```
+    """
     spec = ";".join(f"{tuple(v.shape)}:{tf.as_dtype(v.dtype).name}" for v in variables)
     n_elements = sum(int(np.prod(v.shape)) for v in variables)
     return np.array([len(variables), n_elements, zlib.crc32(spec.encode())], dtype=np.int64)
@@ -35,6 +42,15 @@ def verify_same_model(
         communicator: Where to all-gather the fingerprints.
         run: Runs a collective function in the right context (e.g. inside `strategy.run`) and
             returns one local result. Defaults to calling it directly.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+        engine = tfdist.comm.resolve(strategy)  # engines call it with their own communicator
+        engine.verify_same_model(model.trainable_variables)  # else the same ValueError everywhere
+        ```
     """
     if communicator.world_size == 1:
         return
@@ -68,6 +84,13 @@ def verify_same_setup(
     """Raises ValueError on every worker if any worker's `setup` differs (steps per epoch,
     epochs, the optimizer's configuration...): ints are compared as they are, strings by their
     CRC32. Workers that disagree would otherwise wait for each other in different collectives.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        engine = tfdist.comm.resolve(strategy)
+        engine.verify_same_setup({"steps_per_epoch": 22, "optimizer": "adam"})
+        ```
     """
     if communicator.world_size == 1 or not setup:
         return

@@ -35,6 +35,21 @@ class ReplicaCommunicator(Communicator):
     Args:
         strategy: The strategy whose replicas take part. Defaults to the current strategy.
         counter: Optional `ByteCounter`.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+
+
+        @tf.function
+        def step():
+            comm = tfdist.comm.ReplicaCommunicator(strategy)
+            rank = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            return comm.all_reduce([rank + 1.0], op="sum")  # [3.0] on both replicas
+
+
+        print(strategy.run(step))
+        ```
     """
 
     broadcast_kind = "all_reduce"
@@ -175,6 +190,13 @@ class DistributeEngine(Engine):
 
     Args:
         strategy: The strategy. Defaults to the one in scope.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        engine = tfdist.comm.DistributeEngine(strategy)
+        assert engine.world_size == 2
+        ```
     """
 
     name = "distribute"

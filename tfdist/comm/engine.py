@@ -38,6 +38,31 @@ class Engine(abc.ABC):
     """One way of running data-parallel replicas (see the module docstring).
 
     Subclasses set `name` and implement the abstract members; `detect` finds a running instance.
+
+    Example:
+        ```python
+        class Recording(tfdist.comm.LocalEngine):
+            # a world of one that records the collectives the algorithms make
+
+            name = "recording"
+
+            def communicator(self, counter=None):
+                class Recorder(tfdist.comm.LocalCommunicator):
+                    def all_reduce(self, tensors, op="sum"):
+                        print("all_reduce of", len(list(tensors)), "tensors")
+                        return super().all_reduce(tensors, op)
+
+                return Recorder(counter)
+
+
+        tfdist.comm.register(Recording)
+        tfdist.comm.activate(tfdist.comm.get_engine("recording"))
+        model = build_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1)
+        tfdist.comm.activate(None)
+        ```
     """
 
     name: ClassVar[str] = ""
@@ -143,7 +168,16 @@ class Engine(abc.ABC):
 
 
 def replica_copies(variable) -> list:
-    """The per-replica components of a (possibly mirrored) variable, in local order."""
+    """The per-replica components of a (possibly mirrored) variable, in local order.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            v = keras.Variable(1.0)
+        assert len(tfdist.comm.replica_copies(v)) == 2  # one per device
+        ```
+    """
     value = getattr(variable, "value", variable)
     if isinstance(value, tf.distribute.DistributedValues):
         return list(value.values)
@@ -172,7 +206,15 @@ def within(seconds: float, fn: Callable[[], Any]) -> Any:
 
 
 class LocalEngine(Engine):
-    """A world of one: every collective is the identity and sends nothing."""
+    """A world of one: every collective is the identity and sends nothing.
+
+    Example:
+        ```python
+        engine = tfdist.comm.LocalEngine()
+        assert engine.world_size == 1
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), engine=engine)
+        ```
+    """
 
     name = "local"
     priority = -100
@@ -190,7 +232,18 @@ class LocalEngine(Engine):
 
 
 def register(cls: type[Engine]) -> type[Engine]:
-    """Class decorator: makes an engine known to `resolve` (and by name to `get`)."""
+    """Class decorator: makes an engine known to `resolve` (and by name to `get`).
+
+    Example:
+        ```python
+        @tfdist.comm.register
+        class Mine(tfdist.comm.LocalEngine):
+            name = "mine"
+
+
+        assert isinstance(tfdist.comm.get_engine("mine"), Mine)
+        ```
+    """
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a `name` to be registered.")
     ENGINES[cls.name] = cls
@@ -205,7 +258,18 @@ register(LocalEngine)
 
 def activate(engine: Engine | None) -> None:
     """Makes `engine` this process's engine wherever no tf.distribute strategy with several
-    replicas is in scope (what `tfdist.horovod.init()` does); None forgets it."""
+    replicas is in scope (what `tfdist.horovod.init()` does); None forgets it.
+
+    Example:
+        ```python
+        tfdist.comm.activate(tfdist.comm.LocalEngine())  # what tfdist.horovod.init() does for Horovod
+        model = build_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1)
+        tfdist.comm.activate(None)
+        ```
+    """
     _active.clear()
     if engine is not None:
         _active.append(engine)
@@ -217,7 +281,16 @@ def resolve(strategy: tf.distribute.Strategy | None = None) -> Engine:
     Engines bound to a strategy (priority > 0: the tf.distribute engine for Mirrored and
     multi-worker strategies) are asked first, with the strategy in scope (or `strategy`); then
     the engine a front end activated; then the other registered engines' `detect`; else a world
-    of one."""
+    of one.
+
+    Example:
+        ```python
+        with tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2)).scope():
+            engine = tfdist.comm.resolve()
+        assert engine.name == "distribute" and engine.world_size == 2
+        assert tfdist.comm.resolve().name == "local"  # no strategy, no Horovod: a world of one
+        ```
+    """
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
     for bound in (True, False):
         if not bound and _active:
@@ -231,7 +304,14 @@ def resolve(strategy: tf.distribute.Strategy | None = None) -> Engine:
 
 
 def get(spec: str | Engine | None) -> Engine | None:
-    """An engine from an instance, a registered name (created now), or None (resolve later)."""
+    """An engine from an instance, a registered name (created now), or None (resolve later).
+
+    Example:
+        ```python
+        assert tfdist.comm.get_engine("local").world_size == 1
+        assert tfdist.comm.get_engine(None) is None  # resolved when the optimizer is built
+        ```
+    """
     if spec is None or isinstance(spec, Engine):
         return spec
     if isinstance(spec, str) and spec in ENGINES:

@@ -95,6 +95,13 @@ class HorovodEngine(Engine):
     """Horovod ranks. `tfdist.horovod.init()` initialises Horovod and activates this engine; a
     process that called `horovod.tensorflow.init()` itself is detected too (several ranks, no
     tf.distribute strategy in scope). No strategy divides the loss here.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        tfdist.horovod.init()  # activates a HorovodEngine
+        assert tfdist.comm.resolve().name == "horovod"
+        ```
     """
 
     name = "horovod"

@@ -56,6 +56,20 @@ def init(process_sets=None, **horovod_options) -> None:
         process_sets: Passed to `hvd.init`; "dynamic" lets tfdist create the groups that
             hierarchical averaging reduces within.
         **horovod_options: Horovod's other `hvd.init` arguments (`comm`, ...).
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        model = build_model()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size())),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], batch_size=32, epochs=2,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+                  verbose=1 if hvd.rank() == 0 else 0)
+        ```
     """
     hvd = import_horovod()
     if not hvd.is_initialized():
@@ -64,19 +78,62 @@ def init(process_sets=None, **horovod_options) -> None:
 
 
 def size() -> int:
+    """`hvd.size`: the number of ranks.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(f"rank {hvd.rank()} of {hvd.size()}")
+        ```
+    """
     return int(import_horovod().size())
 
 
 def rank() -> int:
+    """`hvd.rank`: this process's rank, 0 to `size() - 1`.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        verbose = 1 if hvd.rank() == 0 else 0  # one rank prints
+        ```
+    """
     return int(import_horovod().rank())
 
 
 def local_rank() -> int:
+    """`hvd.local_rank`: this process's rank among the ranks of its host.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")  # one GPU per rank
+        ```
+    """
     return int(import_horovod().local_rank())
 
 
 def is_available() -> bool:
-    """Whether Horovod is installed and importable here."""
+    """Whether Horovod is installed and importable here.
+
+    Example:
+        ```python
+        import tfdist.horovod as hvd
+
+        engine = "horovod" if hvd.is_available() else "tf.distribute"
+        ```
+    """
     try:
         import_horovod()
     except ImportError:
@@ -85,6 +142,15 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
+    """`hvd.is_initialized`: whether `init` ran in this process.
+
+    Example:
+        ```python
+        import tfdist.horovod as hvd
+
+        print(hvd.is_initialized())  # False until hvd.init()
+        ```
+    """
     return bool(import_horovod().is_initialized())
 
 

@@ -22,7 +22,17 @@ Average, Sum, Adasum = "Average", "Sum", "Adasum"
 
 class Compression:
     """Horovod's `hvd.Compression`: `none` (the dense exchange) or `fp16` (tfdist's FP16
-    compressor: half the bytes, the same all-reduce)."""
+    compressor: half the bytes, the same all-reduce).
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(), compression=hvd.Compression.fp16)
+        ```
+    """
 
     none = None
     fp16 = "fp16"
@@ -55,6 +65,17 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
             Horovod's default `average_aggregated_gradients=False` (a sum of the passes), a
             process set, a device, or `scale_local_gradients=False`: each message names what to
             use instead.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()),
+                                             compression=hvd.Compression.fp16,
+                                             backward_passes_per_step=4)  # Horovod's own arguments
+        ```
     """
     op_name = getattr(op, "__name__", op)
     op_name = {"Average": Average, "Sum": Sum, "Adasum": Adasum}.get(str(op_name), op)
@@ -109,41 +130,125 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, **kwargs):
-    """`hvd.allreduce` (Horovod's op, as `horovod.tensorflow.allreduce`)."""
+    """`hvd.allreduce` (Horovod's op, as `horovod.tensorflow.allreduce`).
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(hvd.allreduce(tf.constant(float(hvd.rank())), op=hvd.Sum))  # 0 + 1 = 1.0 on both
+        ```
+    """
     return import_horovod().allreduce(tensor, average=average, name=name, op=op,
                                       prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, **kwargs)
 
 
 def allgather(tensor, name=None, **kwargs):
-    """`hvd.allgather`: every rank's tensor concatenated along axis 0."""
+    """`hvd.allgather`: every rank's tensor concatenated along axis 0.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(hvd.allgather(tf.constant([hvd.rank()])))  # [0, 1] on both ranks
+        ```
+    """
     return import_horovod().allgather(tensor, name=name, **kwargs)
 
 
 def broadcast(tensor, root_rank: int, name=None, **kwargs):
-    """`hvd.broadcast`: `root_rank`'s tensor on every rank."""
+    """`hvd.broadcast`: `root_rank`'s tensor on every rank.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(hvd.broadcast(tf.constant(hvd.rank()), root_rank=0))  # 0 on both ranks
+        ```
+    """
     return import_horovod().broadcast(tensor, root_rank, name=name, **kwargs)
 
 
 def broadcast_variables(variables, root_rank: int) -> None:
-    """`hvd.broadcast_variables`: assigns `root_rank`'s values to `variables` (Keras or TF)."""
+    """`hvd.broadcast_variables`: assigns `root_rank`'s values to `variables` (Keras or TF).
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        model = build_model()
+        hvd.broadcast_variables(model.variables, root_rank=0)  # every rank starts from rank 0's
+        ```
+    """
     hvd = import_horovod()
     for variable in variables:
         variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank))
 
 
 def join(device: str = "") -> int:
-    """`hvd.join`: waits for every rank; returns the last rank to join."""
+    """`hvd.join`: waits for every rank; returns the last rank to join.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        last = hvd.join()  # a rank that ran out of data waits here for the others
+        ```
+    """
     return int(import_horovod().join())
 
 
 def local_size() -> int:
+    """`hvd.local_size`: the number of ranks on this process's host.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(hvd.local_size(), "ranks on this host")
+        ```
+    """
     return int(import_horovod().local_size())
 
 
 def cross_rank() -> int:
+    """`hvd.cross_rank`: the index of this process's host.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print("host", hvd.cross_rank(), "of", hvd.cross_size())
+        ```
+    """
     return int(import_horovod().cross_rank())
 
 
 def cross_size() -> int:
+    """`hvd.cross_size`: the number of hosts.
+
+    Example:
+        ```python
+        # horovodrun -np 2 python train.py
+        import tfdist.horovod as hvd
+
+        hvd.init()
+        print(hvd.cross_size(), "hosts")
+        ```
+    """
     return int(import_horovod().cross_size())

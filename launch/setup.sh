@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_horovod=0
-extras=""
+extras="tools"  # the tfdist command and the benchmarks
 for arg in "$@"; do
   case "$arg" in
     --horovod) with_horovod=1; extras="${extras:+$extras,}horovod" ;;

@@ -576,3 +576,14 @@ def test_a_compressor_and_an_outer_rule_of_ones_own_file_train_through_the_comma
                      for run in runs)
     for a, b in zip(own, built_in):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_command_without_its_tools_extra_names_it():
+    """PyYAML and matplotlib are the tools' extra, not the library's dependencies: the command
+    without PyYAML says which extra installs it, before anything else."""
+    hide = "import sys; sys.modules['yaml'] = None; import tfdist.tools.cli as c; " \
+           "sys.exit(c.main(['info']))"
+    out = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                         env=_user_env(), timeout=120)
+    assert out.returncode == 2
+    assert "pip install 'tfdist[tools]'" in out.stderr, out.stderr[-2000:]

@@ -322,8 +322,17 @@ def cmd_bench(args) -> int:
     return 0
 
 
+TOOLS_EXTRA = "pip install 'tfdist[tools]'"  # PyYAML (configs) and matplotlib (plots)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        print(f"tfdist: the command reads YAML configs and needs PyYAML: {TOOLS_EXTRA} "
+              "(launch/setup.sh installs it)", file=sys.stderr)
+        return 2
     if args.command != "train":
         with loading(getattr(args, "verbose", False)):
             import tensorflow  # noqa: F401

@@ -384,10 +384,9 @@ def table(plan: Plan, rows: list[dict]) -> str:
 
 
 def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
-    import matplotlib
+    from tfdist.tools.bench.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # matplotlib, or the extra that installs it named
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     written = []

@@ -7,8 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
-    import matplotlib
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("tfdist bench draws its plots with matplotlib: "
+                          "pip install 'tfdist[tools]'") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -19,12 +23,12 @@ def _pyplot():
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def engines(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.55 * len(rows) + 1.6))
     labels = [f"{r['engine']}\n({r['layout']})" for r in rows]
     ax.barh(labels, [r["step_ms"] for r in rows], color="tab:blue")
@@ -38,7 +42,7 @@ def engines(rows: list[dict], path: Path) -> Path:
 
 
 def overhead(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
     ax.barh([r["label"] for r in rows], [r["step_ms"] for r in rows], color="tab:blue")
     for i, r in enumerate(rows):
@@ -52,7 +56,7 @@ def overhead(rows: list[dict], path: Path) -> Path:
 
 
 def compression(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.8), sharey=True)
     labels = [r["compressor"] for r in rows]
     left.barh(labels, [r["ratio_vs_dense"] for r in rows], color="tab:orange")
@@ -66,7 +70,7 @@ def compression(rows: list[dict], path: Path) -> Path:
 
 
 def compressors(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.6))
     ax.barh([r["compressor"] for r in rows], [r["ms_per_mb"] for r in rows], color="tab:blue")
     for i, r in enumerate(rows):
@@ -78,7 +82,7 @@ def compressors(rows: list[dict], path: Path) -> Path:
 
 
 def local_sgd(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for devices in sorted({r["devices"] for r in rows}):
         group = [r for r in rows if r["devices"] == devices]
@@ -95,7 +99,7 @@ def local_sgd(rows: list[dict], path: Path) -> Path:
 
 
 def memory(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.6))
     n = [r["replicas"] for r in rows]
     for key, label in (("baseline", "DistributedOptimizer (whole state)"),
@@ -114,7 +118,7 @@ def memory(rows: list[dict], path: Path) -> Path:
 
 
 def pipeline(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in rows if r["k"] > 1]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
     for schedule in ("gpipe", "1f1b"):
@@ -143,7 +147,7 @@ def pipeline(rows: list[dict], path: Path) -> Path:
 
 def models(rows: list[dict], model: str, path: Path) -> Path:
     """One model's throughput per (algorithm, hosts, link), all workers together."""
-    plt = _pyplot()
+    plt = pyplot()
     mine = [r for r in rows if r["model"] == model]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(mine) + 1.6))
     labels = [f"{r['label']}\n({r['hosts']} hosts @ {r['bandwidth']})" for r in mine]

@@ -157,10 +157,9 @@ def check(plan: comm.Plan, rows: list[dict]) -> str:
 
 
 def plot(plan: comm.Plan, rows: list[dict], path: Path) -> Path:
-    import matplotlib
+    from tfdist.tools.bench.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     keys = sorted({(r["hosts"], r["bandwidth"]) for r in rows})
     fig, axes = plt.subplots(1, len(keys), figsize=(max(9.5, 6 * len(keys)), 5.2), squeeze=False)

@@ -27,7 +27,7 @@ import tensorflow as tf  # noqa: E402
 import tfdist.horovod as hvd  # noqa: E402 (was: import horovod.tensorflow.keras as hvd)
 from tfdist.data import global_batches, load_digits, shard_batches  # noqa: E402
 
-OUT = sys.argv[1]
+OUT = sys.argv[1] if __name__ == "__main__" else ""  # the test imports its constants too
 LAZY_BATCH, LAZY_STEPS = 32, 6
 
 

@@ -41,7 +41,7 @@ from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
 from tfdist.zero import gather
 from tfdist.zero.offload import Offload, OffloadedState
-from tfdist.zero.plan import ShardPlan
+from tfdist.zero.plan import ShardPlan, parameter_shard_plan
 
 # Keras optimizers whose update is element-wise, so a flat shard updates like the whole.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam",
@@ -224,7 +224,7 @@ class ZeroOptimizer(DistributedOptimizer):
     def _plan(self, var_list, engine):
         if self.stage < 3:
             return ShardPlan([v.shape for v in var_list], engine.world_size)
-        plans = [getattr(v, "_tfdist_zero3_plan", None) for v in var_list]
+        plans = [parameter_shard_plan(v) for v in var_list]
         if len(var_list) != 1 or plans[0] is None:
             raise ValueError("ZeroOptimizer(stage=3) trains a tfdist.zero.ShardedModel (whose "
                              "parameters are sharded): wrap the model, "

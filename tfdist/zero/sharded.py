@@ -38,7 +38,7 @@ from tfdist._hooks.variables import (
 )
 from tfdist.comm import resolve
 from tfdist.zero import gather
-from tfdist.zero.plan import LayerShardPlan
+from tfdist.zero.plan import LayerShardPlan, record_parameter_shard
 
 SHARDED = "This parameter is sharded (ZeRO stage 3)"
 
@@ -106,7 +106,7 @@ class ShardedModel(keras.Model):
                                      dtype="float32", trainable=True, aggregation="none",
                                      autocast=False,  # gathered in fp32, cast by each layer
                                      name="zero3_parameter_shard")
-        self.shard._tfdist_zero3_plan = self.plan  # what ZeroOptimizer(stage=3) trains
+        record_parameter_shard(self.shard, self.plan)  # what ZeroOptimizer(stage=3) trains
         self._set_flat(initial)
         # The wrapped model's state (BatchNorm statistics): this model's non-trainable weights.
         self.wrapped_state = list(model.non_trainable_weights)

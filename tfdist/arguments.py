@@ -49,6 +49,11 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
     return float(value)
 
 
+def check_ratio(value: Any, name: str = "ratio") -> float:
+    """`value` as a float if it is a share in (0, 1] (a sparsifier's ratio)."""
+    return check_number(name, value, 0, 1, low_open=True)
+
+
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise _fail(name, "True or False", value)

@@ -40,12 +40,6 @@ Payload = tuple[tf.Tensor, ...]
 State = dict[str, tf.Tensor]
 
 
-def check_ratio(ratio: float, name: str = "ratio") -> float:
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
-        raise ValueError(f"`{name}` must be in (0, 1]. Received: {name}={ratio!r}")
-    return float(ratio)
-
-
 def num_kept(n: int, ratio: float) -> int:
     """How many of n elements a sparsifier with `ratio` keeps (at least one)."""
     return max(1, min(n, math.ceil(ratio * n)))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.arguments import check_int, check_number
-from tfdist.compression.base import Compressor, check_ratio, num_kept, register
+from tfdist.arguments import check_int, check_number, check_ratio
+from tfdist.compression.base import Compressor, num_kept, register
 from tfdist.compression.topk import SparsePayload, largest, scatter
 
 

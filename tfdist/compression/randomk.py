@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.arguments import check_bool, check_int
-from tfdist.compression.base import Compressor, check_ratio, num_kept, register
+from tfdist.arguments import check_bool, check_int, check_ratio
+from tfdist.compression.base import Compressor, num_kept, register
 from tfdist.compression.topk import scatter, subtract_sparse
 
 

@@ -9,7 +9,8 @@ import math
 
 import tensorflow as tf
 
-from tfdist.compression.base import Compressor, check_ratio, num_kept, register
+from tfdist.arguments import check_ratio
+from tfdist.compression.base import Compressor, num_kept, register
 
 # Below these sizes a full selection is as cheap as the sampled one.
 _SAMPLED_MIN_SIZE = 1 << 16

@@ -1,4 +1,4 @@
-"""Engines and collective communication with exact byte accounting.
+"""Engines and collective communication, with counted bytes (the ring model) and calls.
 
 * `Engine` (`engine.py`): how this process's replicas train together, handed to every
   algorithm; `resolve()` finds the running one. Engines: `DistributeEngine` (tf.distribute,

@@ -1,4 +1,4 @@
-"""The Communicator interface and exact byte accounting.
+"""The Communicator interface and its byte accounting (counted bytes: the ring model).
 
 Every algorithm in tfdist moves data only through a `Communicator`, which an engine
 (`tfdist.comm.Engine`) makes: `ReplicaCommunicator` (the tf.distribute replica context),

@@ -67,10 +67,12 @@ class Registry(dict[str, type[T]], Generic[T]):
 
     def name_for(self, cls: type[T]) -> str | None:
         """The name a config gives `cls`: its registered name, else its import path
-        (`module:Class`, registered now), or None for a class defined inside a function."""
+        (`module:Class`, registered now), or None for a class that cannot be imported by name
+        (defined inside a function or another class)."""
         name = self.name_of(cls)
-        if name is None and "<" not in cls.__qualname__:
-            name = f"{cls.__module__}:{cls.__qualname__}"
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        if name is None and is_import_path(path):
+            name = path
             self.register(name)(cls)
         return name
 

@@ -167,7 +167,7 @@ def serialize(rule: OuterRule | None) -> dict[str, Any] | None:
         return None
     name = OUTER_RULES.name_for(type(rule))
     if name is None:
-        raise ValueError(f"Outer rule {type(rule).__name__} is defined inside a function: define "
-                         "it at a module's top level, or decorate it with "
+        raise ValueError(f"Outer rule {type(rule).__name__} is defined inside a function or a "
+                         "class: define it at a module's top level, or decorate it with "
                          "@tfdist.averaging.register(name), to save it in a model's config.")
     return {"name": name, **rule.get_config()}

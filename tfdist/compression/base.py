@@ -250,8 +250,8 @@ def serialize(compressor: Compressor | None) -> dict[str, Any] | None:
         return None
     name = COMPRESSORS.name_for(type(compressor))
     if name is None:
-        raise ValueError(f"{type(compressor).__name__} is defined inside a function: define it "
-                         "at a module's top level, or decorate it with "
+        raise ValueError(f"{type(compressor).__name__} is defined inside a function or a class: "
+                         "define it at a module's top level, or decorate it with "
                          "@tfdist.compression.register(name), to save it in a config.")
     return {"name": name, **compressor.get_config()}
 

@@ -45,8 +45,10 @@ def throughput_policy(tolerance: float = 0.05) -> Policy:
     Example:
         ```python
         policy = tfdist.callbacks.throughput_policy(tolerance=0.05)
-        size, reason = policy({3: 300.0, 2: 290.0}, 2, 1, 4)  # examples/s at 3 and 2 workers
-        print(size, reason)  # 2 is within 5% of the best: the third worker does not pay
+        # examples/s measured at 3, 2 and 1 workers; the job runs on 2, between 1 and 3 workers
+        size, reason = policy({3: 300.0, 2: 290.0, 1: 150.0}, 2, 1, 3)
+        assert size == 2  # within 5% of 3 workers' throughput: the third worker does not pay
+        print(reason)
         ```
     """
     tolerance = check_number("tolerance", tolerance, 0, 1, high_open=True)

@@ -99,7 +99,7 @@ def test_a_term_notice_backs_up_requeues_and_the_job_resumes_exactly(slurm, stra
     assert state == "COMPLETED", text[-4000:] + slurm.logs()
     assert slurm.state(job)[1] == 1, text[-4000:]  # requeued once
     assert "[tfdist] preempted (SIGTERM): backed up step" in text
-    assert f"[tfdist] requeued SLURM job {job}" in text
+    assert f"[tfdist] requeueing SLURM job {job}" in text
     assert "(restart 1) on host[0-1]" in text
     summary, weights = final_weights(out)
     reference_summary, reference, _ = straight

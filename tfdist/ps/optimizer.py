@@ -29,6 +29,7 @@ from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
 from tfdist.ps.server import STATS_LEN, staleness_report
 from tfdist.security import require_secret, sign
 
+SERVER_GONE = "failed to answer"  # in the error of a call its server did not answer
 SCALAR = tf.TensorSpec([], tf.int64)
 
 
@@ -216,7 +217,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         ok = status.is_ok()
         _, message = status.get_error()
         check = tf.debugging.Assert(ok, [
-            f"tfdist: parameter server {p} at {self.cluster.ps[p]} failed to answer "
+            f"tfdist: parameter server {p} at {self.cluster.ps[p]} {SERVER_GONE} "
             f"{method} (it stopped or hangs; with checkpoints, run the job again to resume):",
             message])
         self._count("calls", 1)

@@ -74,7 +74,7 @@ from tfdist.ps import (
     serve,
 )
 from tfdist.ps.checkpoint import WorkerCheckpoint
-from tfdist.ps.optimizer import write_report
+from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
 from tfdist.tools.config import ConfigError, make_compressor, make_parts, metrics_of
 from tfdist.tools.models import MODELS, build_model
@@ -597,7 +597,10 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     try:
         return _train(config, progress)
     except tf.errors.OpError as e:
-        if _NOTICED.is_set():  # a parameter-server task that ended after a notice
+        # A parameter-server task that ended after a notice. A worker may see its servers go
+        # (they had the notice first) before its own notice arrives: it waits for it a little.
+        if _NOTICED.is_set() or (_LISTENING.is_set() and SERVER_GONE in str(e)
+                                 and _NOTICED.wait(NOTICE_WAIT)):
             raise SystemExit(_preempted_ps()) from None
         if JOB_OVER not in str(e):
             raise
@@ -871,6 +874,8 @@ class _Notice(Exception):
 
 
 _NOTICED = threading.Event()
+_LISTENING = threading.Event()  # this task answers notices (`_on_notice` installed its handlers)
+NOTICE_WAIT = 10.0  # seconds a worker whose servers went away waits for the notice that explains it
 
 
 def _on_notice(config: dict[str, Any], raising: bool) -> None:
@@ -889,6 +894,7 @@ def _on_notice(config: dict[str, Any], raising: bool) -> None:
 
     for name in config["train"]["preemption_signals"]:
         signal.signal(getattr(signal, name), noticed)
+    _LISTENING.set()
     launcher_channel().listen()  # notices the launcher passes on as lines (a task over ssh)
 
 
@@ -956,14 +962,14 @@ def _requeue(step: int) -> None:
     """After a preemption backup (`python -m tfdist.launch --slurm --requeue`): puts this SLURM
     job back in the queue, where it starts again and resumes from the backup of `step`."""
     job = os.environ["SLURM_JOB_ID"]
+    # Said first: SLURM ends the job's tasks as soon as it takes the job back, this one with them.
+    print(f"[tfdist] requeueing SLURM job {job}: it resumes from the backup of step {step}",
+          file=sys.stderr, flush=True)
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
                           timeout=60)
     if done.returncode:
         print(f"[tfdist] could not requeue SLURM job {job} ({done.stderr.strip()}); submit it "
               "again to resume", file=sys.stderr, flush=True)
-    else:
-        print(f"[tfdist] requeued SLURM job {job}: it resumes from the backup of step {step}",
-              file=sys.stderr, flush=True)
 
 
 def _fault_point(point: str) -> None:

@@ -38,6 +38,8 @@ _LONGEST_FIRST = ("test_hosts", "test_multiprocess", "test_ps", "test_cli", "tes
 
 
 def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "numprocesses", None):  # one process: the files' own order
+        return
     rank = {module: i for i, module in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))
 

@@ -86,3 +86,39 @@ def test_bad_use_is_refused_with_the_fix():
         elastic.KerasState(model, epoch=0)
     with pytest.raises(ValueError, match="batches_per_commit must be an integer >= 1"):
         elastic.CommitState(None, batches_per_commit=0)
+
+
+class _RecordedState:
+    """Stands for a KerasState in the callbacks' calls: records (epoch, batch) at each commit."""
+
+    def __init__(self):
+        self.epoch, self.batch, self.commits = 0, 0, []
+
+    def commit(self):
+        self.commits.append((self.epoch, self.batch))
+
+    def _on_fit_start(self):
+        pass
+
+    def _on_batch_end(self):
+        pass
+
+
+@pytest.mark.parametrize("style", ["tfdist", "horovod"])
+def test_a_commit_never_leaves_an_epoch_with_no_batch_to_train(style):
+    """A reset at the commit of an epoch's last batch would resume that epoch with nothing left
+    to train: a rank that has just joined ends it with its metrics unbuilt (Keras raises). The
+    last batch is committed by the epoch's end, once the epoch and batch count have moved on."""
+    from tfdist.horovod import elastic
+
+    state = _RecordedState()
+    if style == "tfdist":
+        callbacks = elastic.callbacks(state)
+    else:
+        callbacks = [elastic.UpdateEpochStateCallback(state),
+                     elastic.UpdateBatchStateCallback(state), elastic.CommitStateCallback(state)]
+    model = job.build()
+    model.compile("sgd", loss=job.loss(), metrics=["accuracy"])
+    x, y = tfdist.data.load_digits()
+    model.fit(x[:64], y[:64], batch_size=16, epochs=2, callbacks=callbacks, verbose=0)
+    assert state.commits == [(0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0)]

@@ -168,7 +168,10 @@ class UpdateState(_StateCallback):
 
 class CommitState(_StateCallback):
     """Commits `state` every `batches_per_commit` batches and at each epoch's end; a commit also
-    checks for hosts added or removed (every rank stops there together)."""
+    checks for hosts added or removed (every rank stops there together). An epoch's last batch
+    is committed by the epoch's end, right after it (its callbacks run first), so that a reset
+    never resumes an epoch with no batch left to train (a rank that has just joined would end
+    such an epoch with its metrics never built)."""
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1):
         super().__init__(state)
@@ -180,7 +183,8 @@ class CommitState(_StateCallback):
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
-        if (batch + 1) % self.batches_per_commit == 0:
+        last = batch + 1 == (self.params or {}).get("steps")
+        if (batch + 1) % self.batches_per_commit == 0 and not last:
             self.state.commit()
 
     def on_epoch_end(self, epoch, logs=None):

@@ -65,3 +65,32 @@ def test_callbacks_broadcast_average_and_warm_up(tmp_path):
     expected = [0.01 * (1 + t / 8) for t in range(8)] + [0.02] * 4
     np.testing.assert_allclose(logs[0]["lrs"], expected, rtol=1e-6)
     assert logs[0]["lrs"] == logs[1]["lrs"]
+
+
+FINISHES_FIRST = """
+import sys, time
+import tensorflow as tf
+import horovod.tensorflow as horovod
+import tfdist.horovod as thvd
+
+alone = horovod.ProcessSet([0])
+thvd.init(process_sets=[alone])
+if thvd.rank() == 0:  # still busy, in a collective of its own, when rank 1 has finished
+    time.sleep(3)
+    print("SUM", float(horovod.allreduce(tf.ones([]), op=horovod.Sum, process_set=alone)))
+print("EXIT", thvd.rank(), flush=True)
+"""
+
+
+@needs_horovod
+@pytest.mark.multiprocess
+@pytest.mark.horovod
+def test_a_rank_that_finishes_first_waits_for_the_others_before_horovod_shuts_down(tmp_path):
+    """Horovod shuts down for every rank when one exits: a rank that finished first ended the
+    collectives still running on the others (a host's last averaging round within its process
+    set). tfdist's ranks wait for each other at exit."""
+    script = tmp_path / "finishes_first.py"
+    script.write_text(FINISHES_FIRST)
+    result = run_horovod([sys.executable, str(script)], 2, 120, env=worker_env())
+    assert result.returncode == 0, result.output[-3000:]
+    assert "SUM 1.0" in result.output and "EXIT 1" in result.output

@@ -5,8 +5,10 @@ Horovod is imported when the engine or its communicator is created, never at `im
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 
 from tfdist.comm.base import ByteCounter, Communicator
 from tfdist.comm.engine import Engine, register
@@ -25,6 +27,43 @@ def import_horovod():
             "`launch/build_horovod.sh` (see BUILD.md), or use the tf.distribute engine."
         ) from e
     return hvd
+
+
+EXIT_WAIT = 120.0  # seconds a rank that has finished waits at exit for the others
+
+
+def wait_for_the_others_at_exit() -> None:
+    """Makes this process, when it exits normally, wait (up to `EXIT_WAIT` s) until every rank
+    has finished before Horovod's own exit handler shuts Horovod down. A rank that finishes
+    first would otherwise end the collectives the others still run: e.g. one host's last
+    averaging round within its process set, while another host's ranks are done. Not after an
+    uncaught error (the others then fail at once, as Horovod makes them). Call after each
+    `hvd.init()` (exit handlers run last registered first)."""
+    atexit.unregister(_finish_together)
+    atexit.register(_finish_together)
+
+
+def _finish_together() -> None:
+    hvd = import_horovod()
+    if getattr(sys, "last_value", None) is not None or not hvd.is_initialized() \
+            or hvd.size() == 1:
+        return
+    done = threading.Event()
+
+    def barrier():
+        try:
+            import tensorflow as tf
+
+            hvd.allreduce(tf.zeros([]), name="tfdist_exit", op=hvd.Sum)
+        except Exception:  # noqa: BLE001 - Horovod already shut down by another rank's error
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=barrier, daemon=True).start()
+    if not done.wait(EXIT_WAIT):
+        print(f"[tfdist] rank {hvd.rank()}: the other ranks did not finish within {EXIT_WAIT:.0f} "
+              "s of this one; exiting", file=sys.stderr, flush=True)
 
 
 class HorovodCommunicator(Communicator):

@@ -21,7 +21,7 @@ Importing this module does not import Horovod; `init()` does.
 from __future__ import annotations
 
 from tfdist.comm import HorovodEngine, activate
-from tfdist.comm.horovod import import_horovod
+from tfdist.comm.horovod import import_horovod, wait_for_the_others_at_exit
 from tfdist.horovod import callbacks
 from tfdist.horovod.keras_api import (
     Adasum,
@@ -74,6 +74,7 @@ def init(process_sets=None, **horovod_options) -> None:
     hvd = import_horovod()
     if not hvd.is_initialized():
         hvd.init(process_sets=process_sets, **horovod_options)
+        wait_for_the_others_at_exit()
     activate(HorovodEngine())
 
 

@@ -49,7 +49,7 @@ from horovod.common.exceptions import HorovodInternalError
 
 from tfdist.callbacks.start import SkippedSteps
 from tfdist.comm import HorovodEngine, activate
-from tfdist.comm.horovod import import_horovod
+from tfdist.comm.horovod import import_horovod, wait_for_the_others_at_exit
 from tfdist.horovod.callbacks import broadcast_variables, build_or_verify_optimizer, built_like_the_others
 
 __all__ = ["CommitState", "CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
@@ -266,5 +266,6 @@ def run(func):
         hvd = import_horovod()
         hvd.shutdown()
         hvd.init()
+        wait_for_the_others_at_exit()
 
     return run_fn(wrapper, reset)

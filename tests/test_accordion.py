@@ -10,6 +10,7 @@ import tfdist
 from tests.workers import common
 from tfdist import compression as C
 from tfdist.callbacks import Accordion, critical_regimes
+from tfdist.optimizers import GradientExchange, TrackNorms
 
 BATCH, INTERVAL = 32, 4
 
@@ -53,9 +54,9 @@ def test_switches_to_low_compression_at_the_jump_and_back(mirrored, entry):
         model, per_step = _fit(tfdist.CompressedStrategy(adaptive, devices=common.cpu_devices(2)),
                                lambda: keras.optimizers.SGD(0.0), [accordion])
         chain = tfdist.optimizers.chain_of(model.optimizer)
-    exchange = chain.exchange
+    exchange = chain.part(GradientExchange)
     kernel = next(i for i, s in exchange.compression_state.items() if "critical" in s)
-    pos = sorted(chain.norms.grad_sq).index(kernel)
+    pos = sorted(chain.part(TrackNorms).grad_sq).index(kernel)
     # Decisions after intervals 1-4: start critical, calm, the jump, calm again.
     assert [bool(d[pos]) for d in accordion.decisions] == [True, False, True, False]
     # Every replica holds the same flag.

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tfdist
 from tests.workers import common
 from tfdist import compression as C
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import GradientExchange, chain_of
 
 STEPS, BATCH = 6, 32
 
@@ -33,7 +33,8 @@ def test_identity_compressor_equals_plain_mirrored_strategy(mirrored):
                                           compress_1d=True),
                 lambda: common.make_inner_optimizer("adam"))
     chain = chain_of(ours.optimizer)
-    assert len(chain.exchange.compression_state) == 4 and chain.communication_rounds == STEPS
+    assert len(chain.part(GradientExchange).compression_state) == 4
+    assert chain.communication_rounds == STEPS
     common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0, atol=1e-6)
 
 
@@ -64,10 +65,11 @@ def test_communication_stats_and_save_load_under_the_strategy(tmp_path):
     model.save(path)
     with tfdist.CompressedStrategy("powersgd", devices=_devices()).scope():
         loaded = keras.saving.load_model(path)
-    q_saved = next(v for vs in chain_of(model.optimizer).exchange.compression_state.values()
-                   for k, v in vs.items() if k == "q")
-    q_loaded = next(v for vs in chain_of(loaded.optimizer).exchange.compression_state.values()
-                    for k, v in vs.items() if k == "q")
+    def q(model):
+        state = chain_of(model.optimizer).part(GradientExchange).compression_state
+        return next(v for vs in state.values() for k, v in vs.items() if k == "q")
+
+    q_saved, q_loaded = q(model), q(loaded)
     np.testing.assert_array_equal(q_loaded.numpy(), q_saved.numpy())
 
 
@@ -99,3 +101,50 @@ def test_bad_arguments_fail_before_anything_is_built():
         tfdist.CompressedStrategy("gzip")
     with pytest.raises(ValueError, match="min_compress_size=-5"):
         tfdist.CompressedStrategy("fp16", min_compress_size=-5)
+
+
+def test_a_saved_model_keeps_every_replicas_residual_as_the_wrapper_does(tmp_path):
+    """The strategy's checkpoints hold each replica's error-feedback residual (one format with
+    `DistributedOptimizer`): saved, loaded under a new strategy and trained on, the model ends
+    where one never stopped ends."""
+    x, y = common.load_digits()
+
+    def fit(model, strategy):
+        model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+                  steps_per_epoch=STEPS, verbose=0)
+
+    def new(strategy):
+        with strategy.scope():
+            model = common.make_model(hidden=(32,))
+            model.compile(optimizer=common.make_inner_optimizer("sgd"),
+                          loss="sparse_categorical_crossentropy")
+        return model
+
+    def strategy():
+        return tfdist.CompressedStrategy(C.ErrorFeedback(C.TopK(0.01)), devices=_devices())
+
+    one = strategy()
+    straight = new(one)
+    fit(straight, one)
+    fit(straight, one)
+    two = strategy()
+    first = new(two)
+    fit(first, two)
+    path = str(tmp_path / "mid.keras")
+    first.save(path)
+    three = strategy()
+    with three.scope():
+        resumed = keras.saving.load_model(path)
+
+    def residuals(model):
+        state = chain_of(model.optimizer).part(GradientExchange).compression_state
+        return [[c.numpy() for c in tfdist.comm.replica_copies(v)]
+                for vs in state.values() for k, v in vs.items() if k == "residual"]
+
+    saved, loaded = residuals(first), residuals(resumed)
+    assert saved and not np.allclose(saved[0][0], saved[0][1]), "replicas' residuals differ"
+    for want, got in zip(saved, loaded, strict=True):
+        np.testing.assert_array_equal(np.stack(got), np.stack(want))
+    fit(resumed, three)
+    common.assert_weights_close(common.weights(resumed), common.weights(straight), rtol=1e-5,
+                                atol=1e-6)

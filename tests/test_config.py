@@ -83,7 +83,7 @@ def test_parts_compose_local_sgd_with_compression_and_accumulation():
                                      "outer": {"name": "slowmo", "momentum": 0.5}},
                        "compression": {"name": "fp16"}, "optimizer": {"accumulation_steps": 2}})
     kinds = [type(p).__name__ for p in make_parts(config)]
-    assert kinds == ["GradientExchange", "Accumulation", "LocalSGD"]
+    assert kinds == ["Accumulation", "LocalSGD", "GradientExchange"]  # the order they run
 
 
 def test_all_errors_are_reported_at_once():

@@ -225,3 +225,103 @@ def test_sparse_gradients_become_dense_tensors_of_the_variables_shape():
         return out
 
     np.testing.assert_array_equal(shaped(tf.ones([5, 3])).numpy(), np.ones([5, 3]))
+
+
+def _fit_parts(strategy, *parts, **shortcuts):
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = common.make_model()
+        opt = tfdist.DistributedOptimizer(common.make_inner_optimizer("sgd"), *parts, **shortcuts)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+              steps_per_epoch=8, verbose=0)
+    return model, opt
+
+
+def test_parts_run_in_the_order_given_and_the_shortcuts_build_the_usual_order(mirrored):
+    """Accumulation before the exchange (what `accumulation_steps=4` builds) exchanges once per
+    4 micro-steps; after it, every micro-step, accumulating the reduced gradients: the same
+    dense training either way, four times the rounds."""
+    parts = tfdist.optimizers
+    shortcut, by_shortcut = _fit_parts(mirrored(2), accumulation_steps=4)
+    before, by_parts = _fit_parts(mirrored(2), parts.Accumulation(4), parts.GradientExchange())
+    after, late = _fit_parts(mirrored(2), parts.GradientExchange(), parts.Accumulation(4))
+    assert [type(p).__name__ for p in by_shortcut.chain.parts] == [
+        "NanPolicy", "Accumulation", "GradientExchange"]
+    assert (by_shortcut.communication_rounds, by_parts.communication_rounds,
+            late.communication_rounds) == (2, 2, 8)
+    common.assert_weights_close(common.weights(before), common.weights(shortcut), rtol=0, atol=0)
+    common.assert_weights_close(common.weights(after), common.weights(shortcut), rtol=1e-5,
+                                atol=1e-6)
+
+
+def test_a_chain_is_checked_by_what_its_parts_declare():
+    parts, sgd = tfdist.optimizers, keras.optimizers.SGD
+    schedule = tfdist.averaging.PeriodicSchedule(4)
+    with pytest.raises(ValueError, match="put it before the exchange"):
+        tfdist.DistributedOptimizer(sgd(), parts.GradientExchange(), parts.LocalSGD(schedule))
+    with pytest.raises(ValueError, match="exactly one exchange.*received 2"):
+        tfdist.DistributedOptimizer(sgd(), parts.GradientExchange(), parts.AutoExchange())
+    with pytest.raises(ValueError, match="Two parts of the same kind: Accumulation"):
+        tfdist.DistributedOptimizer(sgd(), parts.Accumulation(2), parts.Accumulation(4))
+    with pytest.raises(ValueError, match="not both.*accumulation_steps"):
+        tfdist.DistributedOptimizer(sgd(), parts.TrackNorms(), accumulation_steps=4)
+    with pytest.raises(ValueError, match="Expected a tfdist.optimizers.Part"):
+        tfdist.DistributedOptimizer(sgd(), "powersgd")
+    # The shortcuts and the list they stand for are one optimizer.
+    listed = parts.parts_from_shortcuts(accumulation_steps=2, local_sgd=schedule,
+                                        track_norms=True)
+    assert [type(p).__name__ for p in listed] == [
+        "TrackNorms", "Accumulation", "LocalSGD", "GradientExchange"]
+    a = tfdist.DistributedOptimizer(sgd(), *listed)
+    b = tfdist.DistributedOptimizer(sgd(), accumulation_steps=2, local_sgd=schedule,
+                                    track_norms=True)
+    assert a.get_config()["parts"] == b.get_config()["parts"]
+
+
+PART_OF_ONES_OWN = '''
+import tfdist
+
+
+class Scale(tfdist.optimizers.Part):
+    """Multiplies the reduced gradients by `factor` (after the exchange)."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def step(self, ctx, grads, next):
+        next(ctx, [None if g is None else g * self.factor for g in grads])
+
+    def get_config(self):
+        return {"factor": self.factor}
+'''
+
+
+def test_a_part_of_ones_own_is_one_file_and_saves_by_its_import_path(mirrored, tmp_path,
+                                                                     monkeypatch):
+    """A part after the exchange that halves the gradients trains as SGD at half the learning
+    rate; the optimizer's config names it `my_parts:Scale` and loads it back."""
+    (tmp_path / "my_parts.py").write_text(PART_OF_ONES_OWN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_parts
+
+    x, y = common.load_digits()
+    trained = []
+    for inner, parts in ((keras.optimizers.SGD(0.05), ()),
+                         (keras.optimizers.SGD(0.1), (tfdist.optimizers.GradientExchange(),
+                                                      my_parts.Scale(0.5)))):
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = common.make_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(inner, *parts),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(common.distribute(strategy, x, y, BATCH, shuffle=False), epochs=1,
+                  steps_per_epoch=4, verbose=0)
+        trained.append(model)
+    common.assert_weights_close(common.weights(trained[1]), common.weights(trained[0]),
+                                rtol=1e-5, atol=1e-6)
+    config = trained[1].optimizer.get_config()
+    assert [p["class_name"] for p in config["parts"]] == ["GradientExchange", "my_parts:Scale"]
+    again = tfdist.DistributedOptimizer.from_config(config)
+    scale = again.chain.part(my_parts.Scale)
+    assert scale is not None and scale.factor == 0.5

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tfdist
 from tests.workers import common
 from tfdist.comm import bucketed_all_reduce, ring_bytes, sparse_all_reduce
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import TrackNorms, chain_of
 from tfdist.tools.bench.compressors import LoopbackCommunicator
 
 VOCAB, DIM, TOKENS, CLASSES, BATCH, STEPS = 1000, 16, 12, 5, 32, 8
@@ -90,9 +90,10 @@ def test_loss_scaling_and_norm_tracking_take_the_rows_as_they_come(single):
     assert chain_of(rows.optimizer).sparse_exchange
     assert not chain_of(dense.optimizer).sparse_exchange
     common.assert_weights_close(common.weights(rows), single, rtol=1e-5, atol=1e-6)
-    norms = chain_of(rows.optimizer).norms.mean_gradient_norms()
+    norms = chain_of(rows.optimizer).part(TrackNorms).mean_gradient_norms()
     assert norms[0] > 0
-    np.testing.assert_allclose(norms, chain_of(dense.optimizer).norms.mean_gradient_norms(),
+    np.testing.assert_allclose(norms,
+                               chain_of(dense.optimizer).part(TrackNorms).mean_gradient_norms(),
                                rtol=1e-5)
 
 

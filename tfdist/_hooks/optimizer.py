@@ -7,8 +7,10 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   `TFOptimizer._all_reduce_sum_gradients`, called from `_backend_update_step`
   (keras/src/backend/tensorflow/optimizer.py); tfdist wrappers reduce themselves.
 * `install_strategy_hooks`: Keras' TF optimizer class gains, once, a `build` that lets a tfdist
-  strategy attach its parts to the user's own optimizer, and an `_backend_update_step` that
-  hands them the gradients; optimizers under any other strategy take the original path.
+  strategy attach its parts to the user's own optimizer, an `_backend_update_step` that
+  hands them the gradients, and `save_own_variables` / `load_own_variables` that save every
+  replica's copy of their per-replica state as the tfdist wrapper does; optimizers under any
+  other strategy take the original path.
 * `variable_index`: the optimizer's index of a variable (`_get_variable_index`), which keys
   per-variable state; `count_apply`: a wrapper's own apply counter (`_iterations`);
   `built_variables`: the trainable variables an optimizer was built for (`_trainable_variables`,
@@ -34,6 +36,7 @@ ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 UPDATE_HOOK = "_backend_update_step"
 ATTACHMENT_ATTRIBUTE = "_tfdist_attachment"  # what a tfdist strategy attached to an optimizer
 SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
+REPLICAS_SUFFIX = ".replicas"  # a variable store's entry of every replica's copy: "<i>.replicas"
 _installed: dict[str, Any] = {}
 
 
@@ -113,8 +116,9 @@ def install_strategy_hooks() -> None:
     """Idempotently installs the two class hooks described in the module docstring.
 
     A strategy takes part by defining `tfdist_attach(optimizer, variables)`, returning an object
-    with `update(grads, variables, apply)`; `apply(grads)` is Keras' own per-variable update (no
-    all-reduce), to be called with the reduced gradients.
+    with `update(grads, variables, apply)`, `save_replicas(variables, store)` and
+    `load_replicas(variables, store)` (a `tfdist.optimizers.Chain`); `apply(grads)` is Keras'
+    own per-variable update (no all-reduce), to be called with the reduced gradients.
     """
     if _installed:
         return
@@ -148,8 +152,25 @@ def install_strategy_hooks() -> None:
 
         attached.update(list(grads), variables, apply)
 
+    original_save, original_load = cls.save_own_variables, cls.load_own_variables
+
+    def save_own_variables(self, store):
+        original_save(self, store)
+        attached = attachment(self)
+        if attached is not None:
+            attached.save_replicas(self.variables, store)
+
+    def load_own_variables(self, store):
+        attached = attachment(self)
+        if attached is None:
+            return original_load(self, store)
+        original_load(self, {k: store[k] for k in store.keys()  # noqa: SIM118 (an H5 store)
+                             if not k.endswith(REPLICAS_SUFFIX)})
+        attached.load_replicas(self.variables, store)
+
     cls.build = build
     setattr(cls, UPDATE_HOOK, update_step)
+    cls.save_own_variables, cls.load_own_variables = save_own_variables, load_own_variables
     _installed.update(original_update=original_update)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.comm import resolve
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import GradientExchange, TrackNorms, chain_of
 
 MODES = ("compression", "batch_size")
 
@@ -94,13 +94,14 @@ class Accordion(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         chain = chain_of(optimizer)
-        self._norms = None if chain is None else chain.norms
+        self._norms = None if chain is None else chain.part(TrackNorms)
         if self._norms is None:
             raise ValueError(
                 "Accordion needs a tfdist optimizer that tracks gradient norms: an Adaptive "
                 "compressor, or DistributedOptimizer(..., track_norms=True).")
         self._indices = sorted(self._norms.grad_sq)
-        state = chain.exchange.compression_state if chain.exchange is not None else {}
+        exchange = chain.part(GradientExchange)
+        state = exchange.compression_state if exchange is not None else {}
         self._flags = {i: s["critical"] for i, s in state.items() if "critical" in s}
         if self.mode == "compression" and not self._flags:
             raise ValueError("Accordion(mode='compression') needs an Adaptive(low, high) "

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.comm import resolve
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import LocalSGD, chain_of
 
 RULES = (None, "adacomm", "progress")
 
@@ -80,7 +80,7 @@ class AveragingPeriodSchedule(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         chain = chain_of(self.model.optimizer)
-        self._local_sgd = None if chain is None else chain.local_sgd
+        self._local_sgd = None if chain is None else chain.part(LocalSGD)
         if self._local_sgd is None:
             raise ValueError("AveragingPeriodSchedule needs local SGD: tfdist.DistributedOptimizer("
                              "..., local_sgd=PeriodicSchedule(...)) or tfdist.LocalSGDStrategy.")

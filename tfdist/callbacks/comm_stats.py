@@ -9,7 +9,7 @@ import keras
 
 from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.callbacks.start import skipping
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import Accumulation, chain_of
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -126,7 +126,7 @@ class CommunicationStats(keras.callbacks.Callback):
         calls = (self._optimizer.collective_calls - self._epoch_start_calls) / max(
             self._epoch_batches, 1)
         dense = self._optimizer.dense_bytes_per_exchange()
-        accumulation = self._optimizer.accumulation
+        accumulation = self._optimizer.part(Accumulation)
         micro_steps = 1 if accumulation is None else accumulation.current_steps
         # What dense all-reduces would send for the same batches: one per optimizer step.
         ratio = (sent / (dense * self._epoch_batches / micro_steps)

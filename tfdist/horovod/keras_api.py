@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 
 from tfdist.comm.horovod import import_horovod
+from tfdist.optimizers import SHORTCUTS, SumOverRanks, parts_from_shortcuts
 from tfdist.optimizers import DistributedOptimizer as _DistributedOptimizer
-from tfdist.optimizers import SumOverRanks
 
 # Horovod's reduction ops (horovod.tensorflow.Average, Sum, Adasum): names here, checked below.
 Average, Sum, Adasum = "Average", "Sum", "Adasum"
@@ -124,8 +124,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         options.setdefault("compress_1d", True)
     if backward_passes_per_step > 1:
         options["accumulation_steps"] = backward_passes_per_step
-    parts = [SumOverRanks()] if op_name == Sum else []
-    return _DistributedOptimizer(optimizer, *parts, name=name, **options)
+    if op_name == Average:
+        return _DistributedOptimizer(optimizer, name=name, **options)
+    shortcuts = {k: options.pop(k) for k in list(options) if k in SHORTCUTS}
+    return _DistributedOptimizer(optimizer, SumOverRanks(), *parts_from_shortcuts(**shortcuts),
+                                 name=name, **options)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -7,9 +7,10 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, register
 
 
+@register("Accumulation")
 class Accumulation(Part):
     """Gradient accumulation: `steps` consecutive calls (micro-steps) add their local gradients;
     the last one passes their mean on (to the exchange), so one optimizer step equals one step on
@@ -23,7 +24,7 @@ class Accumulation(Part):
             False.
     """
 
-    position = 20
+    keeps_gradient_units = True
 
     def __init__(self, steps: int = 1, variable: bool = False):
         self.steps = check_int("accumulation_steps", steps, 1)

@@ -50,7 +50,7 @@ from tfdist.averaging.rounds import average
 from tfdist.comm import ByteCounter, ring_bytes
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, register
 
 PROBE_LINK, PROBING, DECIDED = 0, 1, 2
 INF = np.float64(np.inf)
@@ -214,6 +214,7 @@ def next_move(step_s, exchange_s, link, calls, wire_bytes, factors, current, exp
     return nxt, tf.argmin(cost, output_type=tf.int64), step
 
 
+@register("AutoExchange")
 class AutoExchange(Part):
     """Picks the gradient exchange (dense, FP16, PowerSGD, ...) from the measured link while
     training; see the module docstring for how.
@@ -235,7 +236,7 @@ class AutoExchange(Part):
         ```
     """
 
-    position = GradientExchange.position
+    reduces = True
 
     def __init__(self, candidates=None, probe_steps: int = 3, probe_bytes: int = 1 << 19,
                  explore: float = 1.1, recheck_every: int = 200, drift: float = 0.25):

@@ -1,9 +1,11 @@
-"""`Chain`: one optimizer's distributed step: its parts, their counters, and its engine.
+"""`Chain`: one optimizer's distributed step: its parts in order, their counters, its engine.
 
 Both entry points carry one: `tfdist.DistributedOptimizer` (a wrapper, any engine) builds its
 own, and a tfdist strategy attaches one to the user's own Keras optimizer when that is built.
 `chain_of(optimizer)` finds it behind any optimizer, so callbacks and tools read the same
-counters (`bytes_sent`, `collective_calls`, `communication_rounds`) in every form.
+counters (`bytes_sent`, `collective_calls`, `communication_rounds`) and the same parts
+(`chain.part(LocalSGD)`) in every form, and checkpoints hold every replica's copy of the parts'
+per-replica state in one format (`save_replicas` / `load_replicas`).
 """
 
 from __future__ import annotations
@@ -11,34 +13,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
 import tensorflow as tf
 
-from tfdist._hooks.optimizer import attachment
+from tfdist._hooks.optimizer import REPLICAS_SUFFIX, attachment
 from tfdist.comm import Engine, resolve
-from tfdist.optimizers.accumulation import Accumulation
-from tfdist.optimizers.exchange import GradientExchange
-from tfdist.optimizers.local_sgd import LocalSGD
-from tfdist.optimizers.norms import TrackNorms
-from tfdist.optimizers.parts import Part, StepContext, Traffic, dense_gradient, ordered, run_chain
+from tfdist.optimizers.parts import Part, StepContext, Traffic, check_order, dense_gradient, run_chain
 
 P = TypeVar("P", bound=Part)
 
 
 class Chain:
-    """The parts of a distributed step, in order, with the counters they share.
+    """The parts of a distributed step, in the order they run, with the counters they share.
 
     Args:
-        parts: The parts (any order; they are put in chain order). A `GradientExchange` (dense)
-            is added when none is given.
+        parts: The parts, in order, exactly one of them an exchange (see
+            `tfdist.optimizers.parts.check_order`).
         engine: The engine to run on; None resolves it when the owner optimizer is built (the
             strategy in scope, or the engine `tfdist.horovod.init()` activated).
     """
 
     def __init__(self, parts: Sequence[Part], engine: Engine | None = None):
-        parts = list(parts)
-        if not any(p.position == GradientExchange.position for p in parts):
-            parts.append(GradientExchange())
-        self.parts = ordered(parts)
+        self.parts = check_order(parts)
         self.engine: Engine | None = engine
         self.traffic = Traffic()
         self.owner = None
@@ -68,18 +64,22 @@ class Chain:
         steps on its own whole gradient). A multiple of a scalar in place of passes over the
         model's size; the next `update` traced takes the gradients as they come. Not with
         gradient-norm tracking or accumulation, whose norms and buffers stay in the chain's
-        units (a checkpoint taken between micro-steps resumes on any engine)."""
+        units (a checkpoint taken between micro-steps resumes on any engine): parts that
+        `keeps_gradient_units`."""
         engine = self.engine
         if (not self.built or engine is None or engine.world_size == 1
-                or self.norms is not None or self.accumulation is not None):
+                or any(p.keeps_gradient_units for p in self.parts)):
             return None
         n = engine.world_size
         share = 1.0 if engine.loss_divided_by_replicas else 1.0 / n
-        local = self.local_sgd
-        if local is None and share == 1.0:
+        wanted = [f for f in (p.loss_factor(n) for p in self.parts) if f is not None]
+        if not wanted and share == 1.0:
             return None
         self._loss_prescaled = True
-        return tf.constant(share) if local is None else local.loss_factor(n) * share
+        factor = tf.constant(share)
+        for f in wanted:
+            factor = f * factor
+        return factor
 
     def update(self, grads: list, variables: list, apply: Callable[[list], None]) -> None:
         """Runs one step: `grads` through the parts, ending in `apply(reduced grads)`."""
@@ -107,39 +107,51 @@ class Chain:
 
     @property
     def sparse_exchange(self) -> bool:
-        """Whether embedding gradients (rows and indices) are exchanged as rows: with the dense
-        exchange and nothing that keeps gradients per replica (accumulation, local SGD,
-        compression) between the backward pass and the exchange."""
-        exchange = self.exchange
-        return (type(exchange) is GradientExchange and exchange.compressor is None
-                and self.accumulation is None and self.local_sgd is None)
+        """Whether embedding gradients (rows and indices) are exchanged as rows: when every
+        part passes rows (the dense exchange, and nothing that keeps gradients per replica:
+        accumulation, local SGD, compression)."""
+        return all(p.passes_rows() for p in self.parts)
 
     def part(self, kind: type[P]) -> P | None:
-        """This chain's part of type `kind`, or None."""
+        """This chain's part of type `kind` (a subclass included), or None."""
         return next((p for p in self.parts if isinstance(p, kind)), None)
-
-    @property
-    def exchange(self) -> GradientExchange | None:
-        """The gradient exchange (None where another part exchanges, e.g. ZeRO's)."""
-        return self.part(GradientExchange)
-
-    @property
-    def accumulation(self) -> Accumulation | None:
-        return self.part(Accumulation)
-
-    @property
-    def local_sgd(self) -> LocalSGD | None:
-        return self.part(LocalSGD)
-
-    @property
-    def norms(self) -> TrackNorms | None:
-        return self.part(TrackNorms)
 
     def variables(self) -> list:
         return self.traffic.variables() + [v for p in self.parts for v in p.variables()]
 
     def per_replica_variables(self) -> list:
         return [v for p in self.parts for v in p.per_replica_variables()]
+
+    # -- checkpoints: every replica's copy of per-replica state ---------------------------------
+    def save_replicas(self, owner_variables: Sequence, store) -> None:
+        """Adds to a Keras variable store (the owner's `save_own_variables`), which holds one
+        value per variable (replica 0's), every replica's copy of the per-replica state
+        (error-feedback residuals, DGC buffers, accumulators), as `"<i>.replicas"`."""
+        per_replica = {id(v) for v in self.per_replica_variables()}
+        assert self.engine is not None
+        for i, var in enumerate(owner_variables):
+            copies = self.engine.replica_copies(var)
+            if id(var) in per_replica and len(copies) > 1:
+                store[f"{i}{REPLICAS_SUFFIX}"] = np.stack([c.numpy() for c in copies])
+
+    def load_replicas(self, owner_variables: Sequence, store) -> None:
+        """Inverse of `save_replicas`, on whichever engine loads it (the owner has loaded its
+        own values). With as many replicas as saved, each replica takes the copy of its global
+        rank (a Horovod rank takes its own from a file saved under MirroredStrategy); otherwise
+        each starts from the copies' mean."""
+        assert self.engine is not None
+        keys = list(store.keys())  # an H5 store: keys() only
+        for i, var in enumerate(owner_variables):
+            key = f"{i}{REPLICAS_SUFFIX}"
+            if key in keys:
+                saved = np.asarray(store[key])
+                copies = self.engine.replica_copies(var)
+                values = ([saved[r] for r in self.engine.local_ranks()]
+                          if len(saved) == self.engine.world_size
+                          else [saved.mean(axis=0)] * len(copies))
+                for copy, value in zip(copies, values):
+                    copy.assign(value)
+
 
     # -- the counters ----------------------------------------------------------------------------
     @property
@@ -173,3 +185,9 @@ def chain_of(optimizer) -> Chain | None:
             return attached
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return None
+
+
+def own_values(store) -> dict:
+    """A Keras variable store without the `"<i>.replicas"` entries `Chain.save_replicas` adds."""
+    return {k: store[k] for k in store.keys()  # noqa: SIM118 (an H5 store)
+            if not k.endswith(REPLICAS_SUFFIX)}

@@ -2,15 +2,22 @@
 
     opt = tfdist.DistributedOptimizer(
         keras.optimizers.Adam(1e-3),
-        tfdist.optimizers.Accumulation(4),                       # any of the parts, any order
-        tfdist.optimizers.GradientExchange(C.PowerSGD(rank=2)),
-        tfdist.optimizers.LocalSGD(PeriodicSchedule(8, warmup_steps=200), outer=SlowMo(0.5)))
+        tfdist.optimizers.Accumulation(4),                       # the parts, in the order run
+        tfdist.optimizers.LocalSGD(PeriodicSchedule(8, warmup_steps=200), outer=SlowMo(0.5)),
+        tfdist.optimizers.GradientExchange(C.PowerSGD(rank=2)))
 
-The parts (see `tfdist.optimizers.parts`) chain in a fixed order: dynamic loss scaling (from
-`loss_scale`), gradient-norm tracking, accumulation, local SGD, the gradient exchange (dense
-unless given), then the inner optimizer. The wrapper resolves its engine when it is built (the
-tf.distribute strategy in scope, or the engine `tfdist.horovod.init()` activated), so one class
-serves every engine and a saved optimizer loads on whichever engine runs.
+    opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3),  # or the keyword shortcuts,
+                                      accumulation_steps=4,          # which build that list
+                                      local_sgd=PeriodicSchedule(8, warmup_steps=200),
+                                      slowmo=SlowMo(0.5), compressor=C.PowerSGD(rank=2))
+
+The parts (see `tfdist.optimizers.parts`) run in the order given, as optax's `chain`; the keyword
+shortcuts build the usual order (`parts_from_shortcuts`): gradient-norm tracking, accumulation,
+local SGD, the gradient exchange. The wrapper puts its non-finite check (dynamic loss scaling,
+from `loss_scale`, or `nan_policy`) first, and a dense exchange last when no part exchanges.
+It resolves its engine when it is built (the tf.distribute strategy in scope, or the engine
+`tfdist.horovod.init()` activated), so one class serves every engine and a saved optimizer loads
+on whichever engine runs.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ import json
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import built_variables, count_apply, disable_gradient_all_reduce
@@ -30,21 +36,16 @@ from tfdist.comm import Engine, get_engine
 from tfdist.compression import Adaptive
 from tfdist.optimizers.accumulation import Accumulation
 from tfdist.optimizers.auto import AutoExchange
-from tfdist.optimizers.chain import Chain
+from tfdist.optimizers.chain import Chain, own_values
 from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
 from tfdist.optimizers.local_sgd import LocalSGD, schedule_from_config
 from tfdist.optimizers.loss_scaling import DynamicLossScaling
 from tfdist.optimizers.nan_policy import POLICIES, KeptState, NanPolicy
 from tfdist.optimizers.norms import TrackNorms
-from tfdist.optimizers.parts import Part
-from tfdist.optimizers.sum import SumOverRanks
+from tfdist.optimizers.parts import PARTS, Part
 
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
 ALGORITHMS = (None, "auto")
-# Parts saved in a model's config, by class name.
-PARTS: dict[str, type[Part]] = {cls.__name__: cls for cls in
-                                (GradientExchange, AutoExchange, Accumulation, TrackNorms,
-                                 LocalSGD, SumOverRanks)}
 SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor",
              "min_compress_size", "compress_1d", "compression_start_step", "batched",
              "bucket_bytes", "track_norms", "local_sgd", "slowmo", "sma", "outer",
@@ -59,18 +60,28 @@ def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int =
                          track_norms: bool = False, local_sgd=None,
                          slowmo=None, sma=None, outer=None, averaging_topology: str = "all",
                          average_optimizer_state: bool = False) -> list[Part]:
-    """The parts that the keyword shortcuts of `DistributedOptimizer` describe."""
+    """The parts that the keyword shortcuts of `DistributedOptimizer` build, in the order they
+    run: gradient-norm tracking, accumulation, local SGD, the exchange.
+
+    Example:
+        ```python
+        parts = tfdist.optimizers.parts_from_shortcuts(accumulation_steps=4, compressor="fp16")
+        print(parts)  # [Accumulation(...), GradientExchange(compressor=FP16(...))]
+        opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(), *parts)
+        ```
+    """
     check_choice("algorithm", algorithm, ALGORITHMS)
     if algorithm == "auto" and compressor is not None:
         raise ValueError(f"`algorithm='auto'` picks the compressor itself; give no `compressor`. "
                          f"Received: compressor={compressor!r}")
-    parts: list[Part] = [AutoExchange() if algorithm == "auto" else
-                         GradientExchange(compressor, min_compress_size, compress_1d,
-                                          compression_start_step, batched, bucket_bytes)]
-    if accumulation_steps != 1 or isinstance(accumulation_steps, bool) or variable_accumulation:
-        parts.append(Accumulation(accumulation_steps, variable_accumulation))
+    exchange = (AutoExchange() if algorithm == "auto" else
+                GradientExchange(compressor, min_compress_size, compress_1d,
+                                 compression_start_step, batched, bucket_bytes))
+    parts: list[Part] = []
     if check_bool("track_norms", track_norms):
         parts.append(TrackNorms())
+    if accumulation_steps != 1 or isinstance(accumulation_steps, bool) or variable_accumulation:
+        parts.append(Accumulation(accumulation_steps, variable_accumulation))
     rules = {name: value for name, value in (("slowmo", slowmo), ("sma", sma), ("outer", outer))
              if value is not None}
     if len(rules) > 1:
@@ -83,14 +94,14 @@ def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int =
             if value is not None:
                 raise ValueError(f"`{arg}` needs `local_sgd`. "
                                  f"Received: {arg}={value!r}, local_sgd=None")
-        return parts
+        return [*parts, exchange]
     if isinstance(local_sgd, dict):  # a saved config
         local_sgd = schedule_from_config(local_sgd)
     ((name, rule),) = rules.items() if rules else (("outer", None),)
     if isinstance(rule, dict) and "name" not in rule:  # a saved config: {"momentum": ...}
         rule = outer_rules.get({"name": name, **rule})
     parts.append(LocalSGD(local_sgd, rule, averaging_topology, average_optimizer_state))
-    return parts
+    return [*parts, exchange]
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -103,16 +114,18 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     calls in optimizer variables: `bytes_sent`, `collective_calls` and `communication_rounds`
     survive checkpoints.
 
-    Parts (positional, any order; see `tfdist.optimizers`): `GradientExchange(compressor, ...)`
-    (dense when not given), `Accumulation(steps)`, `LocalSGD(schedule, outer=...)`,
-    `TrackNorms()`. They compose: e.g. local SGD whose synchronous warm-up steps are compressed
-    and accumulated.
+    Parts (positional, run in the order given; see `tfdist.optimizers.parts`): e.g.
+    `TrackNorms()`, `Accumulation(steps)`, `LocalSGD(schedule, outer=...)`,
+    `GradientExchange(compressor, ...)` (dense when no part exchanges). They compose: e.g. local
+    SGD whose synchronous warm-up steps are accumulated and compressed. A part after the
+    exchange sees the reduced gradients.
 
     Loss scaling: this wrapper is a `LossScaleOptimizer` so that Keras does not wrap it again
     under the `mixed_float16` policy. Unlike Keras' own, it checks the *reduced* gradients for
     inf/NaN, so every worker makes the same skip decision.
 
-    Keyword shortcuts (the same parts, as keyword arguments): `algorithm="auto"` (an
+    Keyword shortcuts (instead of the parts: they build the list of parts, in the usual
+    order; `parts_from_shortcuts`): `algorithm="auto"` (an
     `AutoExchange`: the exchange picked from the measured link); `accumulation_steps`,
     `variable_accumulation` (an `Accumulation`); `compressor`, `min_compress_size`,
     `compress_1d`, `compression_start_step`, `batched`, `bucket_bytes` (a `GradientExchange`);
@@ -167,30 +180,35 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         check_number("initial_scale", initial_scale, 0, low_open=True)
         check_int("dynamic_growth_steps", dynamic_growth_steps, 1)
         check_bool("verify_model", verify_model)
-        kinds = {p.position for p in parts if isinstance(p, Part)}
-        # The shortcuts' default dense exchange yields to an exchange given as a part.
-        all_parts = list(parts) + [
-            p for p in parts_from_shortcuts(**shortcuts)
-            if not (isinstance(p, GradientExchange) and p.position in kinds
-                    and shortcuts.get("compressor") is None)]
-        exchanges = [p for p in all_parts if isinstance(p, GradientExchange)]
-        if any(isinstance(e.compressor, Adaptive) for e in exchanges) and \
-                not any(isinstance(p, TrackNorms) for p in all_parts):
-            all_parts.append(TrackNorms())  # Accordion decides from the gradient norms
+        if parts and shortcuts:
+            raise ValueError(
+                f"Give the parts or the keyword shortcuts, not both: the shortcuts "
+                f"({', '.join(sorted(shortcuts))}) build a list of parts themselves. Put the parts "
+                f"they stand for in your list (`tfdist.optimizers.parts_from_shortcuts(...)` "
+                f"returns them). Received parts: {list(parts)!r}")
+        given = list(parts) if parts else parts_from_shortcuts(**shortcuts)
+        if not any(getattr(p, "reduces", False) for p in given):
+            given.append(GradientExchange())
+        if any(isinstance(getattr(p, "compressor", None), Adaptive) for p in given) and \
+                not any(isinstance(p, TrackNorms) for p in given):
+            given.insert(0, TrackNorms())  # Accordion decides from the gradient norms
         dynamic = loss_scale == "dynamic" or (
             loss_scale == "auto" and keras.config.dtype_policy().name == "mixed_float16")
         if dynamic:
-            all_parts.append(DynamicLossScaling())  # skips non-finite steps, lowers the scale
+            check: list[Part] = [DynamicLossScaling()]  # skips non-finite steps, lowers the scale
         elif self._checks_gradients:
-            all_parts.append(NanPolicy(nan_policy))
+            check = [NanPolicy(nan_policy)]
         elif nan_policy not in POLICIES:
             raise ValueError(f"`nan_policy` must be one of {POLICIES}. Received: "
                              f"nan_policy={nan_policy!r}")
-        chain = Chain(all_parts, get_engine(engine))
+        else:
+            check = []
+        chain = Chain(check + given, get_engine(engine))
         inner_scale_factor = inner_optimizer.loss_scale_factor
         super().__init__(inner_optimizer, initial_scale=initial_scale,
                          dynamic_growth_steps=dynamic_growth_steps, name=name)
         self.chain = chain
+        self.given_parts = tuple(given)  # what get_config saves (the check comes from options)
         self.loss_scale = loss_scale
         self.dynamic = dynamic
         self.verify_model = verify_model
@@ -261,31 +279,19 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         and accumulators differ between replicas, so all copies are stored as `"<i>.replicas"`.
         """
         super().save_own_variables(store)
-        per_replica = {id(v) for v in self.chain.per_replica_variables()}
-        for i, var in enumerate(self.variables):
-            copies = self.engine.replica_copies(var)
-            if id(var) in per_replica and len(copies) > 1:
-                store[f"{i}.replicas"] = np.stack([c.numpy() for c in copies])
+        self.chain.save_replicas(self.variables, store)
 
     def load_own_variables(self, store):
         """Inverse of `save_own_variables`, on whichever engine loads it. With as many replicas
         as saved, each replica takes the copy of its global rank (a Horovod rank takes its own
         from a file saved under MirroredStrategy); otherwise each starts from the copies' mean."""
-        own = [k for k in store.keys() if not k.endswith(".replicas")]  # noqa: SIM118 (H5 store)
+        own = own_values(store)
         if len(own) != len(self.variables):
-            super().load_own_variables({k: store[k] for k in own})
+            super().load_own_variables(own)  # Keras' error, naming both counts
             return
         for i, var in enumerate(self.variables):
-            var.assign(store[str(i)])
-            key = f"{i}.replicas"
-            if key in store.keys():  # noqa: SIM118 (H5 store)
-                saved = np.asarray(store[key])
-                copies = self.engine.replica_copies(var)
-                values = ([saved[r] for r in self.engine.local_ranks()]
-                          if len(saved) == self.engine.world_size
-                          else [saved.mean(axis=0)] * len(copies))
-                for copy, value in zip(copies, values):
-                    copy.assign(value)
+            var.assign(own[str(i)])
+        self.chain.load_replicas(self.variables, store)
 
     # -- counters --------------------------------------------------------------------------------
     @property
@@ -306,18 +312,18 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     # -- the parts -------------------------------------------------------------------------------
     @property
     def exchange(self) -> GradientExchange | None:
-        return self.chain.exchange
+        return self.chain.part(GradientExchange)
 
     @property
     def compressor(self):
         """The gradient exchange's compressor (None for a dense or sharded exchange)."""
-        exchange = self.chain.exchange
+        exchange = self.chain.part(GradientExchange)
         return None if exchange is None else exchange.compressor
 
     @property
     def averaging(self) -> LocalSGD | None:
         """The `LocalSGD` part, or None."""
-        return self.chain.local_sgd
+        return self.chain.part(LocalSGD)
 
     @property
     def local_sgd(self):
@@ -326,12 +332,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @property
     def accumulation_steps(self) -> int:
-        accumulation = self.chain.accumulation
+        accumulation = self.chain.part(Accumulation)
         return 1 if accumulation is None else accumulation.steps
 
     @property
     def current_accumulation_steps(self) -> int:
-        accumulation = self.chain.accumulation
+        accumulation = self.chain.part(Accumulation)
         return 1 if accumulation is None else accumulation.current_steps
 
     def set_accumulation_steps(self, steps: int) -> None:
@@ -340,7 +346,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         Needs an `Accumulation` part (`variable_accumulation=True` or `accumulation_steps > 1`).
         A pending accumulation completes as soon as it has `steps` micro-steps.
         """
-        accumulation = self.chain.accumulation
+        accumulation = self.chain.part(Accumulation)
         if accumulation is None or not accumulation.built:
             raise ValueError("set_accumulation_steps needs a built optimizer created with "
                              "variable_accumulation=True (or accumulation_steps > 1).")
@@ -408,8 +414,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "dynamic_growth_steps": self.dynamic_growth_steps,
             "verify_model": self.verify_model,
             "nan_policy": self.nan_policy,
-            "parts": [{"class_name": type(p).__name__, "config": p.get_config()}
-                      for p in self.chain.parts if type(p).__name__ in PARTS],
+            "parts": [{"class_name": _saved_name(p), "config": p.get_config()}
+                      for p in self.given_parts],
         }
 
     @classmethod
@@ -421,10 +427,17 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         return cls(inner, *parts, **config)  # older configs: their keys are the shortcuts
 
 
+def _saved_name(part: Part) -> str:
+    name = PARTS.name_for(type(part))
+    if name is None:
+        raise ValueError(f"Cannot save {part!r}: its class is not registered and cannot be "
+                         "imported by name. Define it at a module's top level, or decorate it "
+                         "with @tfdist.optimizers.register('a name').")
+    return name
+
+
 def _part_from_config(spec: dict) -> Part:
-    cls = PARTS[spec["class_name"]]
-    config = spec["config"]
-    return cls.from_config(config) if hasattr(cls, "from_config") else cls(**config)
+    return PARTS.lookup(spec["class_name"]).from_config(spec["config"])
 
 
 def _check_inner(inner_optimizer) -> None:

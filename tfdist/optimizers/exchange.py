@@ -18,11 +18,12 @@ from tfdist.arguments import check_bool, check_int
 from tfdist.comm import bucketed_all_reduce
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import all_finite
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, register
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # measured: README, "Overlapping the all-reduce"
 
 
+@register("GradientExchange")
 class GradientExchange(Part):
     """Dense or compressed gradient reduction.
 
@@ -51,7 +52,7 @@ class GradientExchange(Part):
         ```
     """
 
-    position = 40
+    reduces = True
 
     def __init__(self, compressor=None, min_compress_size: int = 1024, compress_1d: bool = False,
                  start_step: int = 0, batched: bool = True,
@@ -180,6 +181,9 @@ class GradientExchange(Part):
                     states[j][k].assign(tf.cond(finite, lambda v=v: v,
                                                 lambda old=state[k]: old))
         return out
+
+    def passes_rows(self) -> bool:
+        return self.compressor is None  # dense: an embedding's rows are all-gathered as rows
 
     def get_config(self) -> dict[str, Any]:
         return {"compressor": compression.serialize(self.compressor),

@@ -20,11 +20,12 @@ from tfdist.averaging import outer as outer_rules
 from tfdist.averaging.rounds import average, gossip
 from tfdist.averaging.schedule import HierarchicalSchedule, PeriodicSchedule
 from tfdist.comm.holes import Holes
-from tfdist.optimizers.parts import Part
+from tfdist.optimizers.parts import Part, register
 
 TOPOLOGIES = ("all", "ring")
 
 
+@register("LocalSGD")
 class LocalSGD(Part):
     """Periodic model averaging after a synchronous warm-up: post-local SGD, hierarchical,
     SlowMo, SMA and ring gossip as options of one part.
@@ -50,7 +51,7 @@ class LocalSGD(Part):
         ```
     """
 
-    position = 30
+    needs_replica_gradients = True
 
     def __init__(self, schedule: PeriodicSchedule | HierarchicalSchedule,
                  outer: outer_rules.OuterRule | dict | None = None, topology: str = "all",

@@ -21,7 +21,6 @@ class DynamicLossScaling(Part):
     depend on the loss scale.
     """
 
-    position = 0
     kept: KeptState | None = None  # set by DistributedOptimizer.skip_also
 
     def build(self, owner, var_list, engine) -> None:
@@ -31,6 +30,9 @@ class DynamicLossScaling(Part):
 
     def variables(self) -> list:
         return self.kept.variables_created() if self.kept is not None else []
+
+    def passes_rows(self) -> bool:
+        return True
 
     def step(self, ctx, grads, next) -> None:
         owner = ctx.owner

@@ -120,8 +120,6 @@ class NanPolicy(Part):
         policy: "raise" or "skip". Defaults to "raise".
     """
 
-    position = 5
-
     def __init__(self, policy: str = "raise"):
         if policy not in POLICIES:
             raise ValueError(f"`nan_policy` must be one of {POLICIES}. Received: "
@@ -139,6 +137,9 @@ class NanPolicy(Part):
     def variables(self) -> list:
         kept = self.kept.variables_created() if self.kept is not None else []
         return [self._skipped, *kept] if self.built else []
+
+    def passes_rows(self) -> bool:
+        return True
 
     @property
     def skipped_steps(self) -> int:

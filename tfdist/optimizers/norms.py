@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdist.optimizers.parts import Part, dense_gradient
+from tfdist.optimizers.parts import Part, dense_gradient, register
 
 
+@register("TrackNorms")
 class TrackNorms(Part):
     """Accumulates, per variable, the squared norm of each micro-batch's local gradient (after
     loss scaling is undone, before accumulation), so `tfdist.callbacks.Accordion` can detect
     critical regimes from norms independent of the batch size."""
 
-    position = 10
+    keeps_gradient_units = True
 
     def build(self, owner, var_list, engine) -> None:
         self.grad_sq = {index: owner.add_variable(shape=(), dtype="float32", aggregation="none",
@@ -25,6 +26,9 @@ class TrackNorms(Part):
 
     def variables(self) -> list:
         return [*self.grad_sq.values(), self.samples] if self.built else []
+
+    def passes_rows(self) -> bool:
+        return True  # the norm of the rows' sum
 
     def step(self, ctx, grads, next) -> None:
         for g, v in zip(grads, ctx.variables):

@@ -1,18 +1,27 @@
 """The parts a distributed optimizer step is assembled from, and how they chain.
 
-A step takes this replica's gradients through a chain of parts, in a fixed order:
+A step takes this replica's gradients through an ordered list of parts, in the manner of optax's
+`chain`: the order given is the order run, and nothing in the chain knows a concrete part. The
+keyword arguments of `tfdist.DistributedOptimizer` build the usual order:
 
-    loss scaling -> gradient-norm tracking -> accumulation -> local SGD -> gradient exchange
-                                                                      -> the inner optimizer
+    loss scaling / non-finite check -> gradient-norm tracking -> accumulation -> local SGD
+                                    -> gradient exchange -> the inner optimizer
 
-Each part is an object with its own state (variables of the owner optimizer, so checkpoints
-carry them) and one method, `step(ctx, grads, next)`: it transforms the gradients and calls
-`next(ctx, grads)` to continue, possibly inside a conditional (accumulation continues on the
-k-th micro-step only), possibly more than once or not at all (local SGD's local steps apply
-directly, skipping the exchange), possibly with a changed context (loss scaling wraps the final
-apply in its finite check). The end of the chain is `ctx.apply`: the inner optimizer updates the
-variables. In the spirit of optax's `chain` and Keras' optimizer wrappers; the order is fixed
-because each part's meaning depends on its place (`Part.position`).
+Each part is an object with its own state (`build`: variables of the owner optimizer, so
+checkpoints carry them) and its step, `step(ctx, grads, next)`: it transforms the gradients and
+calls `next(ctx, grads)` to continue, possibly inside a conditional (accumulation continues on
+the k-th micro-step only), possibly not at all (local SGD's local steps apply directly, skipping
+the exchange), possibly with a changed context (loss scaling wraps the final apply in its finite
+check). The end of the chain is `ctx.apply`: the inner optimizer updates the variables. A part
+after the exchange sees the reduced gradients (the same on every replica).
+
+A part says what the chain must know about it through class attributes, not its type:
+`reduces` (it is the exchange: exactly one part of a chain reduces), `needs_replica_gradients`
+(it must come before the exchange), `keeps_gradient_units` (its state is in the gradients'
+units, so the loss is not pre-scaled), `passes_rows(self)` (embedding gradients may reach it as
+rows) and `loss_factor(self, n)` (a factor it wants on the loss). A part of your own is one file:
+subclass `Part`, decorate it with `tfdist.optimizers.register(name)` if a saved optimizer must
+name it otherwise than by its import path.
 
 Parts never ask which engine runs: the context carries the engine and its communicator.
 Gradients reach the parts in one convention on every engine, Keras' under a tf.distribute
@@ -33,6 +42,7 @@ import tensorflow as tf
 
 from tfdist._hooks.optimizer import variable_index
 from tfdist.comm import ByteCounter, Communicator, Engine, ring_bytes
+from tfdist.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +110,22 @@ def on_values(fn: Callable[[Any], Any], grad):
 class Part:
     """One stage of a distributed optimizer's step (see the module docstring).
 
-    Subclasses set `position` and override `step`, and `build`, `variables`,
-    `per_replica_variables` and `get_config` when they keep state or options.
+    Subclasses override `step`, and `build`, `variables`, `per_replica_variables` and
+    `get_config` when they keep state or options; the class attributes below say what the chain
+    must know about them.
+
+    Attributes:
+        reduces: The part exchanges the gradients: it passes on values that are the same on
+            every replica. A chain has exactly one.
+        needs_replica_gradients: The part works on each replica's own gradients, so it must come
+            before the exchange (local SGD).
+        keeps_gradient_units: The part keeps state in the gradients' units (norms, buffers), so
+            the chain does not fold factors into the loss (`Chain.loss_factor`).
     """
 
-    position: ClassVar[int] = 0
+    reduces: ClassVar[bool] = False
+    needs_replica_gradients: ClassVar[bool] = False
+    keeps_gradient_units: ClassVar[bool] = False
     built: bool = False
 
     def build(self, owner, var_list: list, engine: Engine) -> None:
@@ -120,15 +141,33 @@ class Part:
         checkpointed)."""
         return []
 
+    def passes_rows(self) -> bool:
+        """Whether an embedding's gradient may reach this part as rows (`tf.IndexedSlices`),
+        to be exchanged as rows; otherwise every gradient is made dense first."""
+        return False
+
+    def loss_factor(self, world_size: int) -> tf.Tensor | None:
+        """A factor this part wants on the loss before the backward pass (None: none); see
+        `Chain.loss_factor`."""
+        return None
+
     def step(self, ctx: StepContext, grads: list, next: Callable[[StepContext, list], None]) -> None:
         next(ctx, grads)
 
     def get_config(self) -> dict[str, Any]:
         return {}
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Part:
+        return cls(**config)
+
+
+PARTS: Registry[Part] = Registry("optimizer part", Part)
+register = PARTS.register
+
 
 def run_chain(parts: Sequence[Part], ctx: StepContext, grads: list) -> None:
-    """Runs `grads` through `parts` (already in order), ending in `ctx.apply`."""
+    """Runs `grads` through `parts` in order, ending in `ctx.apply`."""
 
     def call(i: int, ctx: StepContext, grads: list) -> None:
         if i == len(parts):
@@ -139,18 +178,29 @@ def run_chain(parts: Sequence[Part], ctx: StepContext, grads: list) -> None:
     call(0, ctx, list(grads))
 
 
-def ordered(parts: Sequence[Part]) -> list[Part]:
-    """`parts` in chain order; two parts of one kind are refused."""
-    seen: dict[int, Part] = {}
+def check_order(parts: Sequence[Part]) -> list[Part]:
+    """`parts` as a chain runs them, checked: parts only, no class twice, exactly one exchange
+    (a part that `reduces`), and every part that `needs_replica_gradients` before it."""
+    parts = list(parts)
     for part in parts:
         if not isinstance(part, Part):
-            raise ValueError(f"Expected a tfdist.optimizers.Part (an exchange, accumulation or "
-                             f"local-SGD part). Received: {part!r}")
-        if part.position in seen:
-            raise ValueError(f"Two parts of the same kind: {seen[part.position]!r} and {part!r}; "
-                             "give each kind once.")
-        seen[part.position] = part
-    return [seen[p] for p in sorted(seen)]
+            raise ValueError(f"Expected a tfdist.optimizers.Part (an exchange, accumulation, "
+                             f"local SGD, ...). Received: {part!r}")
+    kinds = [type(p) for p in parts]
+    twice = sorted({k.__name__ for k in kinds if kinds.count(k) > 1})
+    if twice:
+        raise ValueError(f"Two parts of the same kind: {', '.join(twice)}; give each once. "
+                         f"Received: {parts!r}")
+    exchanges = [i for i, p in enumerate(parts) if p.reduces]
+    if len(exchanges) != 1:
+        raise ValueError(f"A chain needs exactly one exchange (a part that reduces the "
+                         f"gradients, e.g. GradientExchange); received {len(exchanges)}: "
+                         f"{parts!r}")
+    late = [p for p in parts[exchanges[0] + 1:] if p.needs_replica_gradients]
+    if late:
+        raise ValueError(f"{late[0]!r} works on each replica's own gradients: put it before "
+                         f"the exchange {parts[exchanges[0]]!r}. Received order: {parts!r}")
+    return parts
 
 
 class Traffic:

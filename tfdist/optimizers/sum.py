@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist.optimizers.parts import Part, on_values
+from tfdist.optimizers.parts import Part, on_values, register
 
 
+@register("SumOverRanks")
 class SumOverRanks(Part):
     """Hands the inner optimizer the *sum* of the replicas' gradients instead of their mean
     (the exchange averages; this multiplies its result by the number of replicas): Horovod's
@@ -20,7 +21,8 @@ class SumOverRanks(Part):
         ```
     """
 
-    position = 6  # inside the non-finite check: it sees the mean, the inner optimizer the sum
+    def passes_rows(self) -> bool:
+        return True
 
     def step(self, ctx, grads, next) -> None:
         apply, world = ctx.apply, ctx.comm.world_size

@@ -11,9 +11,10 @@ Every Keras optimizer built under the strategy's scope gets a `tfdist.optimizers
 `GradientExchange` (the same parts `tfdist.DistributedOptimizer` uses): large tensors are
 compressed, the rest all-reduced dense; compressor state and byte counters become the
 optimizer's variables (`tfdist.optimizers.chain_of(optimizer)` reads them).
-`tfdist.DistributedOptimizer(inner, compressor=...)` does the same as a wrapper and adds
-gradient accumulation, consistent loss scaling, and per-replica checkpoints of error-feedback
-state; prefer it when those matter (this strategy checkpoints replica 0's residuals only).
+Checkpoints (`model.save`, `save_weights`, `BackupAndRestore`) hold every replica's copy of
+the error-feedback state, as the wrapper's do. `tfdist.DistributedOptimizer(inner,
+compressor=...)` does the same as a wrapper and adds gradient accumulation and consistent loss
+scaling; prefer it when those matter.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class _ExchangeStrategy:
         from tfdist.compression import Adaptive
 
         exchange = GradientExchange(*self._exchange_args)
-        parts = [exchange] + ([TrackNorms()] if isinstance(exchange.compressor, Adaptive) else [])
+        parts = ([TrackNorms()] if isinstance(exchange.compressor, Adaptive) else []) + [exchange]
         chain = Chain(parts, DistributeEngine(self))
         chain.build(optimizer, variables)
         return chain

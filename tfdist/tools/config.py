@@ -575,7 +575,8 @@ def _part_makers(c: dict[str, dict[str, Any]]):
         return [LocalSGD(schedule, avg["outer"], avg["topology"],
                          avg["average_optimizer_state"])]
 
-    return [("compression", exchange), ("optimizer", accumulation), ("averaging", local_sgd)]
+    # In the order the parts run: accumulation, local SGD, then the exchange.
+    return [("optimizer", accumulation), ("averaging", local_sgd), ("compression", exchange)]
 
 
 def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:

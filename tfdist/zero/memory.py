@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from tfdist.comm import replica_copies
-from tfdist.optimizers import chain_of
+from tfdist.optimizers import Accumulation, chain_of
 
 KINDS = ("optimizer_state", "param_shard", "gradient_buffers", "other")
 
@@ -14,7 +14,7 @@ def _kinds(optimizer) -> dict[int, str]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     kinds = {id(v): "optimizer_state" for v in inner.variables if len(v.shape) >= 1}
     chain = chain_of(optimizer)
-    accumulation = chain.accumulation if chain is not None else None
+    accumulation = chain.part(Accumulation) if chain is not None else None
     for v in accumulation.buffers if accumulation is not None else []:
         kinds[id(v)] = "gradient_buffers"
     if getattr(optimizer, "_shard", None) is not None:

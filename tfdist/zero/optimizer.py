@@ -33,10 +33,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
-from tfdist._hooks.optimizer import excludes_from_weight_decay, own_variables, replace_method
+from tfdist._hooks.optimizer import REPLICAS_SUFFIX, excludes_from_weight_decay, own_variables, replace_method
 from tfdist.arguments import check_int
 from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
+from tfdist.optimizers.chain import own_values
 from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
 from tfdist.zero import gather
@@ -72,7 +73,7 @@ class ZeroExchange(Part):
     """The exchange of a ZeRO step: reduce-scatter the flattened gradients (each replica gets its
     shard's reduced gradient), update the shard, all-gather the updated shards into the model."""
 
-    position = 40
+    reduces = True
 
     def __init__(self, zero: ZeroOptimizer):
         self.zero = zero
@@ -173,7 +174,7 @@ class ZeroOptimizer(DistributedOptimizer):
                              "mixed_bfloat16 (dtype policy is mixed_float16).")
         parts: list[Part] = [ZeroExchange(self)]
         if accumulation_steps > 1:
-            parts.append(ShardedAccumulation(self, accumulation_steps) if stage == 2
+            parts.insert(0, ShardedAccumulation(self, accumulation_steps) if stage == 2
                          else Accumulation(accumulation_steps))  # stage 3: already shards
         super().__init__(inner_optimizer, *parts, loss_scale=None, verify_model=verify_model,
                          nan_policy=nan_policy, engine=engine, name=name)
@@ -240,7 +241,7 @@ class ZeroOptimizer(DistributedOptimizer):
     def accumulators(self) -> list:
         """The gradient buffers: full-size (stage 1) or one shard (stage 2); none without
         accumulation."""
-        accumulation = self.chain.accumulation
+        accumulation = self.chain.part(Accumulation)
         return [] if accumulation is None else list(accumulation.buffers)
 
     def sharded_variables(self) -> list:
@@ -387,7 +388,7 @@ class ZeroOptimizer(DistributedOptimizer):
 
     @staticmethod
     def _check_count(store, variables) -> None:
-        keys = [k for k in store.keys() if not k.endswith(".replicas")]  # noqa: SIM118 (H5)
+        keys = list(own_values(store))
         if len(keys) != len(variables):
             raise ValueError(f"The checkpoint holds {len(keys)} optimizer variables where "
                              f"{len(variables)} are expected (a different inner optimizer, "
@@ -437,7 +438,7 @@ class ZeroOptimizer(DistributedOptimizer):
             else:
                 store[str(i)] = copies[0].numpy()
                 if id(var) in per_replica and len(copies) > 1:
-                    store[f"{i}.replicas"] = np.stack([c.numpy() for c in copies])
+                    store[f"{i}{REPLICAS_SUFFIX}"] = np.stack([c.numpy() for c in copies])
 
     def _load(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
@@ -449,7 +450,7 @@ class ZeroOptimizer(DistributedOptimizer):
                 for copy, shard in zip(copies, self._local_shards(value, len(copies))):
                     copy.assign(shard)
                 continue
-            key = f"{i}.replicas"
+            key = f"{i}{REPLICAS_SUFFIX}"
             saved = np.asarray(store[key]) if key in store.keys() else None  # noqa: SIM118
             if saved is not None and len(saved) == len(copies):
                 for copy, v in zip(copies, saved):

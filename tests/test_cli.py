@@ -578,6 +578,71 @@ def test_a_compressor_and_an_outer_rule_of_ones_own_file_train_through_the_comma
         np.testing.assert_array_equal(a, b)
 
 
+MY_ENGINE = '''
+import tfdist
+from tfdist.tools.engines import JobEngine
+
+CALLS = []  # what the algorithms asked of this engine, as traced
+
+
+class Recording(tfdist.comm.LocalEngine):
+    """A world of one whose communicator records every all-reduce."""
+
+    name = "recording"
+
+    def communicator(self, counter=None):
+        class Communicator(tfdist.comm.LocalCommunicator):
+            def all_reduce(self, tensors, op="sum"):
+                tensors = list(tensors)
+                CALLS.append(len(tensors))
+                return super().all_reduce(tensors, op)
+
+        return Communicator(counter)
+
+
+class RecordingJob(JobEngine):
+    """How `tfdist train` runs it: no strategy, the engine activated for the optimizer."""
+
+    def make(self, config):
+        engine = Recording()
+        tfdist.comm.activate(engine)
+        return None, engine
+'''
+
+
+def test_an_engine_of_ones_own_file_trains_through_the_command(tmp_path, monkeypatch):
+    """One file, no other edit: `engine.name=my_engine:RecordingJob` trains through `tfdist
+    train` on the file's own engine (its communicator carried the exchanges) and ends on the
+    weights of the built-in one-device engine."""
+    import keras
+
+    from tfdist.tools.cli import main
+
+    (tmp_path / "my_engine.py").write_text(MY_ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=4",
+              "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}"]
+    runs = {"own": "my_engine:RecordingJob", "built_in": "single"}
+    try:
+        for run, engine in runs.items():
+            assert main(["train", *common, "--set", f"train.run_name={run}",
+                         "--set", f"engine.name={engine}"]) == 0
+    finally:
+        import tfdist
+
+        tfdist.comm.activate(None)
+    import my_engine
+
+    assert my_engine.CALLS, "the engine's communicator was never used"
+    summaries = {run: json.loads((tmp_path / run / "summary.json").read_text()) for run in runs}
+    assert summaries["own"]["engine"] == "my_engine:RecordingJob"
+    own, built_in = (keras.saving.load_model(tmp_path / run / "model.keras").get_weights()
+                     for run in runs)
+    for a, b in zip(own, built_in, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert main(["train", *common, "--set", "engine.name=my_engine:Missing"]) == 2
+
+
 def test_the_command_without_its_tools_extra_names_it():
     """PyYAML and matplotlib are the tools' extra, not the library's dependencies: the command
     without PyYAML says which extra installs it, before anything else."""

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from tfdist.compression import BUILT_IN as COMPRESSORS
+from tfdist.tools.engines import ENGINES, make_compressor
 
 # The built-in models (`tfdist.tools.models.MODELS`, whose module imports Keras): named here so
 # that checking a config never imports TensorFlow. tests/test_config.py keeps the two equal.
@@ -103,10 +104,6 @@ def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
                  lambda v: 0 < len(v) <= 4096 and "\0" not in v and check(v), nullable)
 
 
-# keras_multi_worker: the baseline tfdist is measured against, Keras' own gradient all-reduce
-# under tf.distribute's multi-worker strategy (with only the keras#20585 fix), no tfdist optimizer.
-ENGINES = ("single", "mirrored", "multi_worker", "keras_multi_worker", "horovod",
-           "parameter_server", "hogwild")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # Logical CPU devices each start thread pools of their own: 1,024 of them end in pthread_create
@@ -154,7 +151,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             lambda v: v >= 2, 10, most=10**6),
     },
     "engine": {
-        "name": _choice(ENGINES, "mirrored"),
+        "name": Field("mirrored", (str,), f"one of {list(ENGINES)}, or your own JobEngine "
+                      "subclass as 'module.path:Class' (tfdist.tools.engines)",
+                      lambda v: v in ENGINES or bool(_FUNCTION.match(v)), choices=tuple(ENGINES)),
         "devices": _int("an integer >= 1 (this machine's devices, logical CPU devices when "
                         "there is no GPU; more come from more workers: engine.name "
                         "multi_worker)", lambda v: v >= 1, 2, most=MAX_DEVICES),
@@ -373,7 +372,11 @@ def _memory_checks(c: dict[str, dict[str, Any]]) -> list[str]:
             (shape[0] // 2) * (shape[1] // 2) * 64 if len(shape) == 3 else 0)
         widths = [features, *model["hidden"], data["num_classes"]]
         weights = sum(a * b for a, b in zip(widths, widths[1:]))
-        copies = c["engine"]["devices"] if c["engine"]["name"] in ("mirrored", "hogwild") else 1
+        try:
+            replicated = _engine(c).devices_are_replicas
+        except ValueError:  # reported by the cross-checks
+            replicated = False
+        copies = c["engine"]["devices"] if replicated else 1
         need = 4 * weights * 4 * copies
         if need > memory:
             errors.append(f"model.hidden: {model['hidden']} gives {weights:,} Dense weights, "
@@ -398,10 +401,19 @@ def _show(value: Any) -> str:
         return f"<a {type(value).__name__} that contains itself>"
 
 
+def _engine(c: dict[str, dict[str, Any]]):
+    """The `tfdist.tools.engines.JobEngine` of a config whose engine.name is known (checked)."""
+    return ENGINES.lookup(c["engine"]["name"])()
+
+
 def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
-    errors = []
     engine, data = c["engine"], c["data"]
-    if engine["name"] in ("mirrored", "hogwild") and data["global_batch_size"] % engine["devices"]:
+    try:
+        kind = _engine(c)
+    except ValueError as e:  # a 'module:Class' that does not import
+        return [f"engine.name: {e}"]
+    errors = []
+    if kind.devices_are_replicas and data["global_batch_size"] % engine["devices"]:
         errors.append(
             f"data.global_batch_size: got {data['global_batch_size']}; must divide by "
             f"engine.devices ({engine['devices']}): use a multiple of {engine['devices']}")
@@ -425,22 +437,8 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     if c["train"]["resize_policy"] is not None and not c["train"]["checkpoint_steps"]:
         errors.append("train.resize_policy: a resize restarts the job from a backup; set "
                       "train.checkpoint_steps too")
-    if engine["name"] == "parameter_server":
-        errors += _parameter_server_checks(c)
-    if engine["name"] == "hogwild":
-        errors += _hogwild_checks(c)
-    if engine["name"] == "keras_multi_worker":
-        extras = [name for name, on in (
-            ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
-            ("averaging.period", avg["period"] is not None),
-            ("optimizer.zero_stage", c["optimizer"]["zero_stage"] is not None),
-            ("optimizer.accumulation_steps", c["optimizer"]["accumulation_steps"] > 1)) if on]
-        if extras:
-            errors.append(f"engine.name: 'keras_multi_worker' is plain Keras data parallelism "
-                          f"(the baseline); {', '.join(extras)} need(s) a tfdist engine: use "
-                          "'multi_worker'")
-    if c["optimizer"]["nan_policy"] == "skip" and engine["name"] in (
-            "parameter_server", "hogwild", "keras_multi_worker"):
+    errors += kind.check(c)
+    if c["optimizer"]["nan_policy"] == "skip" and not kind.tfdist_optimizer:
         errors.append(f"optimizer.nan_policy: 'skip' is a tfdist optimizer's check of the reduced "
                       f"gradients; engine.name {engine['name']!r} has none: use 'raise', or an "
                       "engine such as 'multi_worker'")
@@ -448,54 +446,6 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("optimizer.loss_scale: got 'dynamic'; bfloat16 needs no loss scaling, "
                       "use 'auto' or null")
     return errors
-
-
-def _parameter_server_checks(c: dict[str, dict[str, Any]]) -> list[str]:
-    """What parameter-server training does not do (yet)."""
-    comp, opt, train = c["compression"], c["optimizer"], c["train"]
-    extras = [name for name, on in (
-        ("compression.name: auto", comp["name"] == "auto"),
-        ("compression.name: randomk", comp["name"] == "randomk"),
-        ("averaging.period", c["averaging"]["period"] is not None),
-        ("optimizer.zero_stage", opt["zero_stage"] is not None),
-        ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
-        ("train.resize_policy", train["resize_policy"] is not None)) if on]
-    errors = []
-    if extras:
-        errors.append(f"engine.name: 'parameter_server' pushes each worker's gradients (plain "
-                      f"or compressed) to the servers; {', '.join(extras)} do(es) not combine "
-                      "with it: use a compressor the servers can decompress alone (not auto or "
-                      "randomk), and leave averaging.period null, optimizer.zero_stage null, "
-                      "optimizer.accumulation_steps 1 and train.resize_policy null")
-    if c["engine"]["delay_compensation"] is not None and c["engine"]["staleness"] == 0:
-        errors.append("engine.delay_compensation: corrects stale gradients; with "
-                      "engine.staleness 0 there are none: set engine.staleness >= 1 or null")
-    if train["precision"] == "mixed_float16":
-        errors.append("train.precision: 'mixed_float16' needs loss scaling, which "
-                      "parameter-server training does not do; use float32 or mixed_bfloat16")
-    return errors
-
-
-def _hogwild_checks(c: dict[str, dict[str, Any]]) -> list[str]:
-    """Hogwild is plain SGD, each replica updating the shared weights alone."""
-    comp, opt, train = c["compression"], c["optimizer"], c["train"]
-    extras = [name for name, on in (
-        ("optimizer.name other than sgd", opt["name"] != "sgd"),
-        ("optimizer.momentum", bool(opt["momentum"])),
-        ("optimizer.weight_decay", bool(opt["weight_decay"])),
-        ("compression.name", comp["name"] != "none" or comp["error_feedback"]),
-        ("averaging.period", c["averaging"]["period"] is not None),
-        ("optimizer.zero_stage", opt["zero_stage"] is not None),
-        ("optimizer.accumulation_steps", opt["accumulation_steps"] > 1),
-        ("train.checkpoint_steps", bool(train["checkpoint_steps"])),
-        ("train.resize_policy", train["resize_policy"] is not None),
-        ("train.precision: mixed_float16", train["precision"] == "mixed_float16")) if on]
-    if not extras:
-        return []
-    return [f"engine.name: 'hogwild' is plain SGD whose replicas update shared weights without "
-            f"locks; {', '.join(extras)} do(es) not combine with it: use optimizer.name sgd "
-            "with momentum 0 and weight_decay 0, no compression, averaging, ZeRO, accumulation, "
-            "checkpoints or resize policy, and float32 or mixed_bfloat16"]
 
 
 def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
@@ -528,16 +478,6 @@ def metrics_of(train: dict[str, Any]) -> list[str]:
     if train["metrics"] is not None:
         return list(train["metrics"])
     return ["accuracy"] if "crossentropy" in train["loss"] else ["mae"]
-
-
-def make_compressor(section: dict[str, Any]):
-    """The compressor a validated `compression` section describes (None for "none")."""
-    from tfdist import compression
-
-    if section["name"] == "none" and not section["error_feedback"]:
-        return None
-    return compression.get({"name": section["name"], **section["options"],
-                            "error_feedback": section["error_feedback"]})
 
 
 def make_parts(c: dict[str, dict[str, Any]]) -> list:

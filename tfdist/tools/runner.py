@@ -53,35 +53,30 @@ from tfdist.callbacks import (
 )
 from tfdist.callbacks.backup import remove_folder
 from tfdist.callbacks.channel import launcher_channel
-from tfdist.comm import DistributeEngine, Engine, LocalEngine, resolve, ring_bytes
+from tfdist.comm import Engine, ring_bytes
 from tfdist.data import (
-    distribute_batches,
     global_batches,
     load_digits,
     resume,
     shard_batches,
     synthetic_classification,
 )
-from tfdist.devices import local_devices
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.ps import (
     FinishCallback,
-    HogwildSGD,
-    HogwildStrategy,
     ParameterServerEngine,
-    ParameterServerOptimizer,
     serve,
 )
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
-from tfdist.tools.config import ConfigError, make_compressor, make_parts, metrics_of
+from tfdist.tools.config import ConfigError, make_parts, metrics_of
+from tfdist.tools.engines import ENGINES, JobEngine, make_compressor
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
 
 SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
-ASYNCHRONOUS = ("parameter_server", "hogwild")  # engines whose optimizers push, not all-reduce
 BACKUP, RUN_FILE = "backup", "run"  # train.output_dir/backup/run: the run being backed up
 
 
@@ -92,6 +87,7 @@ class Job:
     name: str  # the config's engine.name
     strategy: tf.distribute.Strategy | None
     engine: Engine
+    kind: JobEngine  # how `tfdist train` runs it (tfdist.tools.engines)
 
     @property
     def world_size(self) -> int:
@@ -108,35 +104,12 @@ class Job:
 
 def make_job(config: dict[str, Any]) -> Job:
     name = config["engine"]["name"]
-    if name == "horovod":
-        import tfdist.horovod as thvd
-
-        hierarchical = config["averaging"]["intra_period"] is not None
-        thvd.init(process_sets="dynamic" if hierarchical else None)
-        return Job(name, None, resolve())
-    if name in ("multi_worker", "keras_multi_worker"):
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError(
-                f"engine.name is {name!r} but TF_CONFIG is not set: start the workers with "
-                "`python -m tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
-        step_logs = config["engine"]["step_logs"] or (
-            "averaged" if name == "keras_multi_worker" else "local")
-        strategy = tfdist.MultiWorkerMirroredStrategy(
-            timeout_seconds=config["engine"]["timeout_seconds"], step_logs=step_logs)
-        return Job(name, strategy, DistributeEngine(strategy))
-    if name == "parameter_server":
-        try:
-            return Job(name, None, ParameterServerEngine())
-        except ValueError as e:
-            raise ConfigError(f"engine.name is 'parameter_server': {e}") from None
-    if name == "hogwild":
-        strategy = HogwildStrategy(local_devices(config["engine"]["devices"]))
-        return Job(name, strategy, DistributeEngine(strategy))
-    if name == "mirrored":
-        devices = local_devices(config["engine"]["devices"])
-        strategy = tf.distribute.MirroredStrategy(devices)
-        return Job(name, strategy, DistributeEngine(strategy))
-    return Job(name, None, LocalEngine())
+    kind = ENGINES.lookup(name)()
+    try:
+        strategy, engine = kind.make(config)
+    except ValueError as e:
+        raise ConfigError(f"engine.name is {name!r}: {e}") from None
+    return Job(name, strategy, engine, kind)
 
 
 # -- the run directory -----------------------------------------------------------------------------
@@ -457,18 +430,13 @@ def _state_bytes(optimizer) -> dict[str, int]:
 
 
 def _wrap(job: Job, inner, config: dict):
-    """The config's tfdist optimizer around `inner` (`inner` itself for the keras_multi_worker
-    baseline). The same classes serve every engine: the optimizer resolves its engine when
-    built."""
-    if job.name == "keras_multi_worker":
-        return inner
-    if isinstance(job.engine, ParameterServerEngine):  # the servers run `inner`
-        return ParameterServerOptimizer(float(inner.learning_rate), cluster=job.engine.cluster,
-                                        compressor=make_compressor(config["compression"]),
-                                        min_compress_size=config["compression"]["min_size"],
-                                        compress_1d=config["compression"]["compress_1d"])
-    if job.name == "hogwild":
-        return HogwildSGD(float(inner.learning_rate))
+    """The optimizer around `inner`: the engine's own (`JobEngine.optimizer`: `inner` itself
+    for the keras_multi_worker baseline, the parameter servers' and Hogwild's), else the
+    config's tfdist optimizer. The same classes serve every engine: the optimizer resolves its
+    engine when built."""
+    own = job.kind.optimizer(job.engine, inner, config)
+    if own is not None:
+        return own
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"],
@@ -651,8 +619,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"],
                       metrics=metrics_of(config["train"]),
-                      **({"jit_compile": False} if job.name in ("parameter_server", "hogwild")
-                         else {}))
+                      **({"jit_compile": False} if job.kind.asynchronous else {}))
         if getattr(optimizer, "averaging", None) is not None:
             optimizer.average_also(model.non_trainable_variables)
         if getattr(optimizer, "skips_steps", False) and model.non_trainable_variables:
@@ -676,14 +643,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     def batches():  # the same sequence of global batches, whichever engine slices it
         return data.global_batches(micro_batch, data_cfg["seed"], start)
 
-    if job.name == "horovod":
-        import tfdist.horovod as thvd
-
-        dataset = shard_batches(batches(), job.rank, job.world_size)
-        callbacks += [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
-        if warmup:
-            callbacks.append(thvd.callbacks.LearningRateWarmup(opt_cfg["warmup_epochs"]))
-    elif job.name == "parameter_server":
+    if job.name == "parameter_server":
         # Joins the servers now: a worker started again, or a job resumed from the servers'
         # checkpoints, goes on at the step the servers hold for this worker.
         _on_notice(config, raising=False)
@@ -706,16 +666,13 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
             log_dir=str(run_dir / TENSORBOARD) if job.is_chief else None))
         if warmup:
             callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"], scale=scale))
-    elif job.strategy is not None:
-        dataset = distribute_batches(job.strategy, batches)
-        if warmup:
-            callbacks.append(LearningRateWarmup(opt_cfg["warmup_epochs"]))
     else:
-        dataset = batches()
+        dataset, fed = job.kind.feed(job, batches, opt_cfg["warmup_epochs"] if warmup else 0)
+        callbacks += fed
     timer, counter = StepTimer(), BatchCounter()
     callbacks += [timer, counter]
-    counted = job.name != "keras_multi_worker"  # the baseline has no tfdist optimizer
-    if counted and job.name not in ASYNCHRONOUS:  # they count their pushes themselves
+    counted = job.kind.counts_bytes
+    if job.kind.tfdist_optimizer:  # not the baseline; asynchronous engines count their pushes
         callbacks.append(CommunicationStats())
     evaluation = None
     if config["train"]["evaluate_each_epoch"]:
@@ -794,7 +751,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "bytes_ratio_vs_dense": (bytes_sent / max(counted_steps, 1) / dense_per_step
                                  if dense_per_step else None),
         "optimizer_state_bytes": (_state_bytes(optimizer)
-                                  if counted and job.name not in ASYNCHRONOUS else {}),
+                                  if job.kind.tfdist_optimizer else {}),
         # The parameter servers' counters, seen from the chief at the end (staleness).
         "parameter_server": finish.report if job.name == "parameter_server" else None,
         # Hogwild: updates applied and their staleness (other replicas' updates before it).

@@ -126,7 +126,7 @@ def compressor_ms(run_dir: Path, repeats: int = 10) -> float:
     config.yaml): one exchange of the gradients it compresses, over a loopback communicator;
     0 for a dense exchange."""
     from tfdist.tools.bench.compressors import time_exchange
-    from tfdist.tools.config import make_compressor
+    from tfdist.tools.engines import make_compressor
     from tfdist.tools.runner import load_data, make_model
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -22,6 +22,16 @@ class Accumulation(Part):
         steps: Micro-steps per optimizer step. Defaults to 1.
         variable: Allow `set_steps` during training (Accordion's batch-size mode). Defaults to
             False.
+
+    Example:
+        ```python
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                          tfdist.optimizers.Accumulation(4))
+        model = build_model()
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # steps of 4 x 16 examples
+        print(int(opt.iterations.numpy()), "optimizer steps")
+        ```
     """
 
     keeps_gradient_units = True

@@ -73,6 +73,16 @@ class Candidate:
         local_period: 1 (default): the gradients are exchanged every step. P > 1: local SGD,
             each replica steps on its own gradients and the models are averaged every P steps
             (no compressor).
+
+    Example:
+        ```python
+        from tfdist.optimizers import AutoExchange, Candidate
+
+        exchange = AutoExchange([Candidate("powersgd", {"name": "powersgd", "rank": 2},
+                                           steps_factor=1.1),
+                                 Candidate("dense")])
+        opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3), exchange)
+        ```
     """
 
     name: str

@@ -31,6 +31,15 @@ class Chain:
             `tfdist.optimizers.parts.check_order`).
         engine: The engine to run on; None resolves it when the owner optimizer is built (the
             strategy in scope, or the engine `tfdist.horovod.init()` activated).
+
+    Example:
+        ```python
+        opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(), accumulation_steps=2,
+                                          compressor="powersgd")
+        chain = opt.chain
+        print(chain.parts)  # [NanPolicy('raise'), Accumulation(steps=2), GradientExchange(...)]
+        print(chain.part(tfdist.optimizers.GradientExchange).compressor)
+        ```
     """
 
     def __init__(self, parts: Sequence[Part], engine: Engine | None = None):
@@ -175,7 +184,19 @@ class Chain:
 
 def chain_of(optimizer) -> Chain | None:
     """The `Chain` behind an optimizer: a tfdist wrapper's, or the one a tfdist strategy attached
-    to a Keras optimizer (also inside Keras' LossScaleOptimizer); None for any other."""
+    to a Keras optimizer (also inside Keras' LossScaleOptimizer); None for any other.
+
+    Example:
+        ```python
+        strategy = tfdist.CompressedStrategy("powersgd", devices=tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        chain = tfdist.optimizers.chain_of(model.optimizer)  # your own Adam's, attached
+        print(chain.bytes_sent, "bytes sent in", chain.communication_rounds, "exchanges")
+        ```
+    """
     while optimizer is not None:
         chain = getattr(optimizer, "chain", None)
         if isinstance(chain, Chain):

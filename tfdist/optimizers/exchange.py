@@ -48,7 +48,8 @@ class GradientExchange(Part):
         ```python
         opt = tfdist.DistributedOptimizer(
             keras.optimizers.Adam(1e-3),
-            tfdist.optimizers.GradientExchange(C.PowerSGD(rank=2), start_step=100))
+            tfdist.optimizers.GradientExchange(tfdist.compression.PowerSGD(rank=2),
+                                               start_step=100))
         ```
     """
 

@@ -44,9 +44,12 @@ class LocalSGD(Part):
 
     Example:
         ```python
+        from tfdist.averaging import PeriodicSchedule, SlowMo
+
         opt = tfdist.DistributedOptimizer(
             keras.optimizers.SGD(0.05, momentum=0.9),
             tfdist.optimizers.LocalSGD(PeriodicSchedule(8, warmup_steps=200), outer=SlowMo(0.5)))
+        model = build_model()
         opt.average_also(model.non_trainable_variables)   # BatchNorm statistics too
         ```
     """

@@ -19,6 +19,12 @@ class DynamicLossScaling(Part):
     `keras.optimizers.LossScaleOptimizer`: `dynamic_scale`, `step_counter`,
     `dynamic_growth_steps`). Gradients are unscaled first, so error-feedback state does not
     depend on the loss scale.
+
+    Example:
+        ```python
+        opt = tfdist.DistributedOptimizer(keras.optimizers.Adam(), loss_scale="dynamic")
+        print(opt.chain.parts[0])  # DynamicLossScaling(): the wrapper puts it first
+        ```
     """
 
     kept: KeptState | None = None  # set by DistributedOptimizer.skip_also

@@ -118,6 +118,15 @@ class NanPolicy(Part):
 
     Args:
         policy: "raise" or "skip". Defaults to "raise".
+
+    Example:
+        ```python
+        opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), nan_policy="skip")
+        model = build_model()
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        print(opt.chain.part(tfdist.optimizers.NanPolicy).skipped_steps, "steps skipped")
+        ```
     """
 
     def __init__(self, policy: str = "raise"):

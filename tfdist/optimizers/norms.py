@@ -12,7 +12,18 @@ from tfdist.optimizers.parts import Part, dense_gradient, register
 class TrackNorms(Part):
     """Accumulates, per variable, the squared norm of each micro-batch's local gradient (after
     loss scaling is undone, before accumulation), so `tfdist.callbacks.Accordion` can detect
-    critical regimes from norms independent of the batch size."""
+    critical regimes from norms independent of the batch size.
+
+    Example:
+        ```python
+        norms = tfdist.optimizers.TrackNorms()
+        model = build_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), norms),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        print(norms.mean_gradient_norms())  # one RMS norm per variable
+        ```
+    """
 
     keeps_gradient_units = True
 

@@ -61,6 +61,21 @@ class StepContext:
             a decision taken on them may differ between replicas; None: as `apply`.
         loss_prescaled: The loss was multiplied by `Chain.loss_factor()` before the backward
             pass, so local SGD's local steps get each replica's whole gradient as it is.
+
+    Example:
+        ```python
+        class Report(tfdist.optimizers.Part):  # prints what the context holds, when traced
+
+            def step(self, ctx, grads, next):
+                print(f"{ctx.comm.world_size} replicas, {len(ctx.variables)} variables, "
+                      f"the first at index {ctx.index(ctx.variables[0])} of the optimizer")
+                next(ctx, grads)
+
+        model = build_model()
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), Report()),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        ```
     """
 
     engine: Engine
@@ -121,6 +136,30 @@ class Part:
             before the exchange (local SGD).
         keeps_gradient_units: The part keeps state in the gradients' units (norms, buffers), so
             the chain does not fold factors into the loss (`Chain.loss_factor`).
+
+    Example:
+        ```python
+        class ClipValue(tfdist.optimizers.Part):  # after the exchange: the reduced gradients
+
+            def __init__(self, limit):
+                self.limit = limit
+
+            def step(self, ctx, grads, next):
+                next(ctx, [None if g is None else tf.clip_by_value(g, -self.limit, self.limit)
+                           for g in grads])
+
+            def get_config(self):
+                return {"limit": self.limit}
+
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                              tfdist.optimizers.GradientExchange(), ClipValue(0.5))
+            model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        print([type(p).__name__ for p in opt.chain.parts])  # NanPolicy, GradientExchange, ClipValue
+        ```
     """
 
     reduces: ClassVar[bool] = False
@@ -209,6 +248,19 @@ class Traffic:
 
     The exchange notes, when it is traced, the bytes a dense float32 all-reduce of the same
     gradients would send (`dense_bytes_per_exchange`), the yardstick of `bytes_vs_dense`.
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        traffic = tfdist.optimizers.chain_of(model.optimizer).traffic
+        print(traffic.bytes_sent / traffic.communication_rounds, "bytes per exchange;",
+              traffic.dense_bytes_per_exchange(), "for a dense float32 all-reduce")
+        ```
     """
 
     def __init__(self):

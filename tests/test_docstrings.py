@@ -98,3 +98,22 @@ def test_docstring_examples_run_as_written(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     failed = json.loads(out.stdout.strip().splitlines()[-1])
     assert not failed, "\n\n".join(f"{name}:\n{trace}" for name, trace in failed.items())
+
+
+def test_every_public_class_and_function_is_on_the_api_page():
+    """The reference documents the public API whole: every class and function in the `__all__`
+    of tfdist and of its subpackages."""
+    import tfdist
+
+    documented = {id(obj) for obj in documented_names().values()}
+    modules = ["tfdist", "tfdist.horovod", "tfdist.strategies",
+               *(f"tfdist.{name}" for name in tfdist.__all__
+                 if inspect.ismodule(getattr(tfdist, name)))]
+    missing = []
+    for name in modules:
+        module = importlib.import_module(name)
+        for member in getattr(module, "__all__", ()):
+            obj = getattr(module, member)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and id(obj) not in documented:
+                missing.append(f"{name}.{member}")
+    assert not missing, f"not on docs/reference/api.md: {missing}"

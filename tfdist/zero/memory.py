@@ -33,6 +33,18 @@ def memory_report(optimizer) -> dict[str, dict[str, int]]:
 
     Offloaded state (`ZeroOptimizer(offload=...)`) is reported under "host" (offload="cpu":
     all of it; "disk": the update's working copy of one chunk per slot) and "disk:<directory>".
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(), stage=1),
+                          loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        for device, kinds in tfdist.zero.memory_report(model.optimizer).items():
+            print(device, kinds["optimizer_state"], "bytes of Adam moments")  # half on each
+        ```
     """
     kinds = _kinds(optimizer)
     report: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))

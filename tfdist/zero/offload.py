@@ -49,6 +49,18 @@ class Offload:
             once (mapped windows plus the update's working copy).
         measure_resident: For "disk": measure the resident pages of the state files after every
             chunk (costs a read of /proc/self/smaps per chunk; for tests and benchmarks).
+
+    Example:
+        ```python
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = build_model()
+            optimizer = tfdist.ZeroOptimizer(
+                keras.optimizers.Adam(1e-3), stage=2,
+                offload=tfdist.zero.Offload("disk", budget_bytes=1 << 20))  # a temporary dir
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        ```
     """
 
     def __init__(self, kind: str = "cpu", directory: str | None = None,

@@ -21,6 +21,14 @@ class ShardPlan:
     Args:
         shapes: The tensors' shapes, in order.
         world_size: Number of shards (replicas).
+
+    Example:
+        ```python
+        plan = tfdist.zero.ShardPlan([(64, 10), (10,)], world_size=4)
+        print(plan.total, plan.shard_size, plan.padding)  # 650 elements: 4 shards of 163, 2 pad
+        flat = plan.flatten([tf.ones((64, 10)), tf.zeros((10,))])
+        print(flat.shape)  # (652,)
+        ```
     """
 
     def __init__(self, shapes: Sequence, world_size: int):
@@ -80,6 +88,12 @@ class LayerShardPlan:
     Args:
         groups: Each layer's parameter shapes, in order.
         world_size: Number of shards (replicas).
+
+    Example:
+        ```python
+        plan = tfdist.zero.LayerShardPlan([[(64, 32), (32,)], [(32, 10), (10,)]], world_size=2)
+        print([layer.shard_size for layer in plan.layers], plan.shard_size)  # [1040, 165] 1205
+        ```
     """
 
     def __init__(self, groups: Sequence[Sequence], world_size: int):

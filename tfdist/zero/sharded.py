@@ -80,11 +80,12 @@ class ShardedModel(keras.Model):
 
     Example:
         ```python
-        with tf.distribute.MirroredStrategy().scope():
-            model = tfdist.zero.ShardedModel(build_model())
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        with strategy.scope():
+            model = tfdist.zero.ShardedModel(build_model())  # each replica holds half
             model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=3),
                           loss="sparse_categorical_crossentropy")
-        model.fit(ds)
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
         ```
     """
 

@@ -652,3 +652,24 @@ def test_the_command_without_its_tools_extra_names_it():
                          env=_user_env(), timeout=120)
     assert out.returncode == 2
     assert "pip install 'tfdist[tools]'" in out.stderr, out.stderr[-2000:]
+
+
+def test_a_process_other_than_the_chief_leaves_no_file_behind(tmp_path, monkeypatch):
+    """Every process saves the model (a ZeRO save gathers shards from all); a process other
+    than the chief saves to a temporary directory that is gone when the save returns, so
+    nothing is left in the machine's temporary directory, whether or not the run finishes."""
+    import tempfile
+
+    import keras
+
+    from tfdist.tools.runner import MODEL, RunFiles
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    path = RunFiles(tmp_path / "run", chief=False).save_model(model)
+    assert path == tmp_path / "run" / MODEL and not path.exists()  # the chief's file
+    assert list((tmp_path / "tmp").iterdir()) == []
+    chief = RunFiles(tmp_path / "run", chief=True)
+    chief.start({})
+    assert chief.save_model(model).exists()

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -172,17 +171,13 @@ def backed_up_run(config: dict[str, Any]) -> Path | None:
 
 
 class RunFiles:
-    """The chief writes the run directory; other processes write what the chief's save needs
-    of them (a ZeRO model gathers every process's shards) to a scratch directory."""
+    """The chief writes the run directory; other processes write only what the chief's save
+    needs of them (a ZeRO model gathers every process's shards), to a temporary directory
+    removed as soon as the save is done."""
 
     def __init__(self, path: Path, chief: bool):
         self.path = path
         self.chief = chief
-        self._scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfdist-run-"))
-
-    @property
-    def root(self) -> Path:
-        return self.path if self._scratch is None else self._scratch
 
     def start(self, config: dict[str, Any]) -> None:
         if self.chief:
@@ -190,9 +185,13 @@ class RunFiles:
             (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
 
     def save_model(self, model: keras.Model) -> Path:
-        """Every process saves (a multi-process save may gather); the chief's file is kept.
-        Written whole or not at all (a temporary name, then renamed)."""
-        target = self.root / MODEL
+        """Every process saves (a multi-process save may gather); the chief's file is kept,
+        written whole or not at all (a temporary name, then renamed). Returns its path."""
+        target = self.path / MODEL
+        if not self.chief:
+            with tempfile.TemporaryDirectory(prefix="tfdist-run-") as scratch:
+                model.save(Path(scratch) / MODEL)
+            return target
         partial = target.with_name(f".partial-{MODEL}")
         model.save(partial)
         os.replace(partial, target)
@@ -207,8 +206,6 @@ class RunFiles:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(partial, self.path / SUMMARY)
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 # -- models and data -------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 UPDATE_HOOK = "_backend_update_step"
 ATTACHMENT_ATTRIBUTE = "_tfdist_attachment"  # what a tfdist strategy attached to an optimizer
 SKIP_ATTRIBUTE = "_tfdist_no_exchange"  # set on tfdist wrappers and their inner optimizers
-REPLICAS_SUFFIX = ".replicas"  # a variable store's entry of every replica's copy: "<i>.replicas"
 _installed: dict[str, Any] = {}
 
 
@@ -116,9 +115,10 @@ def install_strategy_hooks() -> None:
     """Idempotently installs the two class hooks described in the module docstring.
 
     A strategy takes part by defining `tfdist_attach(optimizer, variables)`, returning an object
-    with `update(grads, variables, apply)`, `save_replicas(variables, store)` and
-    `load_replicas(variables, store)` (a `tfdist.optimizers.Chain`); `apply(grads)` is Keras'
-    own per-variable update (no all-reduce), to be called with the reduced gradients.
+    with `update(grads, variables, apply)`, `save_replicas(variables, store)`,
+    `own_values(store)` and `load_replicas(variables, store)` (a `tfdist.optimizers.Chain`);
+    `apply(grads)` is Keras' own per-variable update (no all-reduce), to be called with the
+    reduced gradients.
     """
     if _installed:
         return
@@ -164,8 +164,7 @@ def install_strategy_hooks() -> None:
         attached = attachment(self)
         if attached is None:
             return original_load(self, store)
-        original_load(self, {k: store[k] for k in store.keys()  # noqa: SIM118 (an H5 store)
-                             if not k.endswith(REPLICAS_SUFFIX)})
+        original_load(self, attached.own_values(store))
         attached.load_replicas(self.variables, store)
 
     cls.build = build

@@ -16,11 +16,18 @@ from typing import TypeVar
 import numpy as np
 import tensorflow as tf
 
-from tfdist._hooks.optimizer import REPLICAS_SUFFIX, attachment
+from tfdist._hooks.optimizer import attachment
 from tfdist.comm import Engine, resolve
 from tfdist.optimizers.parts import Part, StepContext, Traffic, check_order, dense_gradient, run_chain
 
 P = TypeVar("P", bound=Part)
+REPLICAS_SUFFIX = ".replicas"  # a variable store's entry of every replica's copy: "<i>.replicas"
+
+
+def own_values(store) -> dict:
+    """A Keras variable store without the `"<i>.replicas"` entries `Chain.save_replicas` adds."""
+    return {k: store[k] for k in store.keys()  # noqa: SIM118 (an H5 store)
+            if not k.endswith(REPLICAS_SUFFIX)}
 
 
 class Chain:
@@ -132,6 +139,8 @@ class Chain:
         return [v for p in self.parts for v in p.per_replica_variables()]
 
     # -- checkpoints: every replica's copy of per-replica state ---------------------------------
+    own_values = staticmethod(own_values)
+
     def save_replicas(self, owner_variables: Sequence, store) -> None:
         """Adds to a Keras variable store (the owner's `save_own_variables`), which holds one
         value per variable (replica 0's), every replica's copy of the per-replica state
@@ -160,7 +169,6 @@ class Chain:
                           else [saved.mean(axis=0)] * len(copies))
                 for copy, value in zip(copies, values):
                     copy.assign(value)
-
 
     # -- the counters ----------------------------------------------------------------------------
     @property
@@ -206,9 +214,3 @@ def chain_of(optimizer) -> Chain | None:
             return attached
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return None
-
-
-def own_values(store) -> dict:
-    """A Keras variable store without the `"<i>.replicas"` entries `Chain.save_replicas` adds."""
-    return {k: store[k] for k in store.keys()  # noqa: SIM118 (an H5 store)
-            if not k.endswith(REPLICAS_SUFFIX)}

@@ -33,11 +33,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.checkpoint import ComputedCheckpointEntry, hide_from_checkpoints
-from tfdist._hooks.optimizer import REPLICAS_SUFFIX, excludes_from_weight_decay, own_variables, replace_method
+from tfdist._hooks.optimizer import excludes_from_weight_decay, own_variables, replace_method
 from tfdist.arguments import check_int
 from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
-from tfdist.optimizers.chain import own_values
+from tfdist.optimizers.chain import REPLICAS_SUFFIX, own_values
 from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
 from tfdist.zero import gather

@@ -379,12 +379,13 @@ def test_bench_compressors_times_every_compressor(tmp_path, monkeypatch):
     import tensorflow as tf
 
     from tfdist import compression
+    from tfdist.comm import reduce_encoded
     from tfdist.tools.bench import compressors
     from tfdist.tools.bench.suites import run_suite
 
     comm = compressors.LoopbackCommunicator(2)
     x = tf.constant(np.random.RandomState(0).randn(64, 32).astype("float32"))
-    (total,), _ = compression.get("fp16").reduce_all([x], [{}], tf.constant(0, tf.int64), comm)
+    (total,), _ = reduce_encoded(compression.get("fp16"), [x], [{}], tf.constant(0, tf.int64), comm)
     np.testing.assert_allclose(total, 2 * x.numpy(), rtol=1e-3)
     gathered = comm.all_gather(x[None])
     assert gathered.shape == (2, 64, 32) and np.array_equal(gathered[1], x)

@@ -5,7 +5,16 @@ import pytest
 import tensorflow as tf
 
 from tfdist import compression as C
-from tfdist.comm import ByteCounter, LocalCommunicator, ReplicaCommunicator, static_nbytes
+from tfdist.comm import (
+    ByteCounter,
+    Gather,
+    LocalCommunicator,
+    ReplicaCommunicator,
+    Sum,
+    reduce_encoded,
+    run_rounds,
+    static_nbytes,
+)
 from tfdist.compression import packing
 
 ALL = [C.Identity(), C.FP16(), C.BF16(), C.TopK(0.1), C.RandomK(0.1), C.Threshold(0.5, 0.2),
@@ -238,7 +247,7 @@ def test_reduce_over_replicas_sums_each_replicas_decompressed_tensor(mirrored, c
             x = tf.where(tf.equal(rid, 0), xs[0], xs[1])
             comm = ReplicaCommunicator(strategy, ByteCounter(sent))
             state = c.init_state(x.shape, x.dtype, seed=1)
-            out, _ = c.reduce(x, state, tf.constant(3, tf.int64), comm, op="mean")
+            (out,), _ = reduce_encoded(c, [x], [state], tf.constant(3, tf.int64), comm, op="mean")
             return out
         return strategy.run(fn)
 
@@ -254,10 +263,73 @@ def test_reduce_over_replicas_sums_each_replicas_decompressed_tensor(mirrored, c
         pytest.approx(static_nbytes(payload))
 
 
+class _ScaledSum(C.Compressor):
+    """A codec of two rounds of its own: every worker's largest magnitude gathered, then each
+    tensor divided by the largest of them, summed, and scaled back; its state counts exchanges."""
+
+    summable = True
+
+    def init_state(self, shape, dtype, seed=0):
+        return {"exchanges": tf.constant(0, tf.int64)}
+
+    def compress(self, x, state, step, rank=0):
+        return (x,), None, state
+
+    def decompress(self, payload, ctx):
+        return payload[0]
+
+    def encode(self, xs, states, step, rank=0):
+        copies = yield Gather([tf.reduce_max(tf.abs(x))[None] for x in xs])
+        scales = [tf.reduce_max(c) for c in copies]
+        sums = yield Sum([x / scale for x, scale in zip(xs, scales)])
+        return ([total * scale for total, scale in zip(sums, scales)],
+                [{"exchanges": s["exchanges"] + 1} for s in states])
+
+
+@pytest.mark.parametrize("batched, calls", [(True, 2), (False, 4)])
+def test_the_transport_carries_a_codecs_own_rounds_over_replicas(mirrored, batched, calls):
+    """The transport runs any codec's rounds (a gather, then a sum) over the replicas: every
+    replica gets the sum of both replicas' tensors and the codec's new state; batched, each round
+    is one collective call for both tensors, one tensor at a time it is one per tensor."""
+    strategy = mirrored(2)
+    xs = [[_x((6, 4), seed=s), _x((5,), seed=s + 10)] for s in (1, 2)]
+    codec = _ScaledSum()
+    with strategy.scope():
+        sent = tf.Variable(0.0, dtype=tf.float64, aggregation=tf.VariableAggregation.NONE)
+        made = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.NONE)
+
+    @tf.function
+    def run():
+        def fn():
+            rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+            mine = [tf.where(tf.equal(rid, 0), a, b) for a, b in zip(*xs)]
+            comm = ReplicaCommunicator(strategy, ByteCounter(sent, made))
+            states = [codec.init_state(x.shape, x.dtype) for x in mine]
+            return reduce_encoded(codec, mine, states, tf.constant(0, tf.int64), comm,
+                                  batched=batched)
+        return strategy.run(fn)
+
+    totals, states = run()
+    for replica in range(2):
+        for j in range(2):
+            got = strategy.experimental_local_results(totals[j])[replica]
+            np.testing.assert_allclose(got, xs[0][j] + xs[1][j], rtol=1e-6, atol=1e-6)
+            assert strategy.experimental_local_results(states[j]["exchanges"])[replica] == 1
+    assert strategy.experimental_local_results(made)[0] == calls
+
+
+def test_the_transport_refuses_what_is_not_a_round():
+    def rounds():
+        yield [tf.ones(2)]  # a list, not tfdist.comm.Sum([...])
+
+    with pytest.raises(TypeError, match="Sum, Gather or Choice"):
+        run_rounds(rounds(), LocalCommunicator())
+
+
 def test_reduce_with_a_world_of_one_is_the_local_round_trip():
     c, x = C.TopK(0.2), _x()
-    out, _ = c.reduce(x, c.init_state(x.shape, x.dtype), tf.constant(0, tf.int64),
-                      LocalCommunicator(), op="sum")
+    (out,), _ = reduce_encoded(c, [x], [c.init_state(x.shape, x.dtype)],
+                               tf.constant(0, tf.int64), LocalCommunicator(), op="sum")
     np.testing.assert_array_equal(out, _roundtrip(c, x)[0])
 
 

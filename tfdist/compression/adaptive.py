@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist.comm.transport import Choice
 from tfdist.compression.base import Compressor, get, register, serialize
 
 
@@ -63,30 +64,34 @@ class Adaptive(Compressor):
     def _split(state, prefix):
         return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
-    def reduce_all(self, xs, states, step, comm, op="sum"):
-        """Each tensor follows its own flag, so each is reduced on its own (a conditional per
-        tensor: `low` or `high`, each with its own collectives)."""
-        pairs = [self.reduce(x, s, step, comm, op) for x, s in zip(xs, states)]
-        return [r for r, _ in pairs], [s for _, s in pairs]
+    def encode(self, xs, states, step, rank=0):
+        """Each tensor follows its own flag: a choice per tensor between `low`'s rounds and
+        `high`'s, made alike on every worker (rank 0's flag, broadcast by Accordion)."""
+        totals, new_states = [], []
+        for x, state in zip(xs, states):
+            total, new_state = yield from self._encode_one(x, state, step)
+            totals.append(total)
+            new_states.append(new_state)
+        return totals, new_states
 
-    def reduce(self, x, state, step, comm, op="sum"):
+    def _encode_one(self, x, state, step):
         low_state, high_state = self._split(state, "low"), self._split(state, "high")
         low_keys, high_keys = sorted(low_state), sorted(high_state)
         flat = [low_state[k] for k in low_keys] + [high_state[k] for k in high_keys]
 
-        def run(compressor, use_low):
-            def branch(x, *flat):
+        def rounds(use_low):
+            def branch(rank, x, *flat):  # per-replica values come in as arguments (Choice)
                 lows = dict(zip(low_keys, flat[:len(low_keys)]))
                 highs = dict(zip(high_keys, flat[len(low_keys):]))
                 if use_low:
-                    out, lows = compressor.reduce(x, lows, step, comm, op)
+                    (out,), (lows,) = yield from self.low.encode([x], [lows], step, rank)
                 else:
-                    out, highs = compressor.reduce(x, highs, step, comm, op)
+                    (out,), (highs,) = yield from self.high.encode([x], [highs], step, rank)
                 return [out, *[lows[k] for k in low_keys], *[highs[k] for k in high_keys]]
             return branch
 
-        outputs = comm.cond(tf.equal(state["critical"], 1), run(self.low, True),
-                            run(self.high, False), args=[x, *flat])
+        outputs = yield Choice(tf.equal(state["critical"], 1), rounds(True), rounds(False),
+                               args=[x, *flat])
         out, rest = outputs[0], outputs[1:]
         new_state = dict(state)
         for k, v in zip(low_keys, rest[:len(low_keys)]):

@@ -12,11 +12,12 @@ anything that depends on a worker's data travels in the payload. `step` (the exc
 
 A compressor is either *summable* (payloads of different workers may be added element-wise, so
 they go through all-reduce: FP16, random-k with a shared seed, PowerSGD) or not (top-k, QSGD,
-sign...: payloads are all-gathered and each worker's is decompressed). `reduce_all` implements
-that routing for every compressed tensor of one exchange at once, over a
-`tfdist.comm.Communicator`: all payloads in one fused all-reduce, or one fused all-gather, so an
-exchange costs one collective call rather than one per tensor. `reduce` does the same for one
-tensor. Multi-round schemes (PowerSGD) override both.
+sign...: payloads are all-gathered and each worker's is decompressed). `encode` states that
+routing for every compressed tensor of one exchange at once, as rounds of communication
+(`tfdist.comm.Sum`, `Gather`) that the transport carries (`tfdist.comm.reduce_encoded`: all
+payloads in one fused all-reduce, or one fused all-gather), so an exchange costs one collective
+call rather than one per tensor. A compressor never sees a communicator. Multi-round schemes
+(PowerSGD) override `encode`.
 Keras-facing code turns the state into variables, so strategies place it and checkpoints carry it.
 
 Names: each compressor class registers under a name (`@register("topk")`) for configs, or is
@@ -33,7 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.comm import Communicator, fused_all_gather, fused_all_reduce
+from tfdist.comm.transport import Gather, Rounds, Sum
 from tfdist.registry import Registry
 
 Payload = tuple[tf.Tensor, ...]
@@ -125,43 +126,30 @@ class Compressor(abc.ABC):
         feedback's memory). Sparsifiers override it with an update of the few sent elements."""
         return x - self.decompress(payload, ctx)
 
-    def reduce(self, x: tf.Tensor, state: State, step: tf.Tensor, comm: Communicator,
-               op: str = "sum") -> tuple[tf.Tensor, State]:
-        """Sum (or mean) of one tensor `x` over workers through `comm`; returns (result, new
-        state). The per-tensor path: one all-reduce of its payload, or one all-gather per
-        payload tensor (`GradientExchange(batched=False)` uses it, for comparison)."""
-        payload, ctx, state = self.compress(x, state, step, comm.rank)
-        n = comm.world_size
-        if self.summable:
-            total = self.decompress(tuple(comm.all_reduce(list(payload), op="sum")), ctx)
-        else:
-            gathered = [comm.all_gather(p[None]) for p in payload]
-            total = self.decompress_sum([tuple(g[w] for g in gathered) for w in range(n)], ctx)
-        if op == "mean" and n > 1:
-            total = total / tf.cast(n, total.dtype)
-        return total, state
+    def encode(self, xs: Sequence[tf.Tensor], states: Sequence[State], step: tf.Tensor,
+               rank=0) -> Rounds:
+        """This worker's side of one exchange of the tensors `xs`: a generator that yields the
+        rounds of communication it needs (`tfdist.comm.Sum`, `Gather`, `Choice`), receives each
+        round's result from the transport (`tfdist.comm.run_rounds`), and returns (sums, new
+        states): the sum over workers of each tensor, as decompressed, and its new state.
 
-    def reduce_all(self, xs: Sequence[tf.Tensor], states: Sequence[State], step: tf.Tensor,
-                   comm: Communicator, op: str = "sum") -> tuple[list[tf.Tensor], list[State]]:
-        """Sum (or mean) over workers of every tensor of one exchange; returns (results, new
-        states). Summable payloads go in one fused all-reduce, the others in one fused
-        all-gather (each worker's payload decompressed and summed)."""
-        compressed = [self.compress(x, s, step, comm.rank) for x, s in zip(xs, states)]
+        By default, one round: summable payloads summed, the others gathered (each worker's
+        payload decompressed and summed). Multi-round codecs (PowerSGD) override it.
+        """
+        compressed = [self.compress(x, s, step, rank) for x, s in zip(xs, states)]
         flat = [t for payload, _, _ in compressed for t in payload]
-        n = comm.world_size
         if self.summable:
-            reduced = iter(fused_all_reduce(comm, flat, "sum"))
+            reduced = iter((yield Sum(flat)))
             totals = [self.decompress(tuple(next(reduced) for _ in payload), ctx)
                       for payload, ctx, _ in compressed]
         else:
-            gathered = iter(fused_all_gather(comm, flat))  # each: [n, *payload tensor shape]
+            gathered = iter((yield Gather(flat)))  # each: [n, *payload tensor shape]
             totals = []
             for payload, ctx, _ in compressed:
                 mine = [next(gathered) for _ in payload]
+                n = int(mine[0].shape[0]) if mine else 0
                 totals.append(self.decompress_sum([tuple(g[w] for g in mine) for w in range(n)],
                                                   ctx))
-        if op == "mean" and n > 1:
-            totals = [t / tf.cast(n, t.dtype) for t in totals]
         return totals, [new for _, _, new in compressed]
 
     def get_config(self) -> dict[str, Any]:

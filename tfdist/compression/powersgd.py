@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int, check_number
-from tfdist.comm import fused_all_reduce
+from tfdist.comm.transport import Sum
 from tfdist.compression.base import Compressor, register, stateless_seed
 
 
@@ -94,40 +94,26 @@ class PowerSGD(Compressor):
             self.seed, state["tensor_seed"], step))
         return tf.cast(q, state["q"].dtype)
 
-    def reduce_all(self, xs, states, step, comm, op="sum"):
-        """Every matrix of the exchange together: all P's in one fused all-reduce, all Q's in
-        another (two collective calls however many matrices; PyTorch's PowerSGD hook batches the
-        same way)."""
+    def encode(self, xs, states, step, rank=0):
+        """Every matrix of the exchange together, in two rounds: all P's summed, then all Q's
+        (two collective calls however many matrices; PyTorch's PowerSGD hook batches the same
+        way)."""
         matrices = [tf.reshape(x + tf.cast(s["residual"], x.dtype), matrix_shape(x.shape))
                     for x, s in zip(xs, states)]
         p_locals = [m @ self._q(s, x.shape, step) for m, s, x in zip(matrices, states, xs)]
-        ps = [orthogonalize(p, self.eps) for p in fused_all_reduce(comm, p_locals, "sum")]
+        ps = [orthogonalize(p, self.eps) for p in (yield Sum(p_locals))]
         q_locals = [tf.transpose(m) @ p for m, p in zip(matrices, ps)]
-        qs = fused_all_reduce(comm, q_locals, "sum")
-        out = [self._finish(x, s, m, p_local, p, q_local, q, comm, op)
+        qs = yield Sum(q_locals)
+        out = [self._finish(x, s, m, p_local, p, q_local, q)
                for x, s, m, p_local, p, q_local, q
                in zip(xs, states, matrices, p_locals, ps, q_locals, qs)]
         return [t for t, _ in out], [new for _, new in out]
 
-    def reduce(self, x, state, step, comm, op="sum"):
-        """One matrix: P all-reduced, then Q (two collective calls per matrix)."""
-        shape = x.shape
-        n, m = matrix_shape(shape)
-        matrix = tf.reshape(x + tf.cast(state["residual"], x.dtype), [n, m])
-        p_local = matrix @ self._q(state, shape, step)
-        (p,) = comm.all_reduce([p_local], op="sum")
-        p = orthogonalize(p, self.eps)
-        q_local = tf.transpose(matrix) @ p
-        (q,) = comm.all_reduce([q_local], op="sum")
-        return self._finish(x, state, matrix, p_local, p, q_local, q, comm, op)
-
-    def _finish(self, x, state, matrix, p_local, p, q_local, q, comm, op):
-        """The reduced tensor and the new state (residual, warm-start Q) from P and Q."""
+    def _finish(self, x, state, matrix, p_local, p, q_local, q):
+        """The summed tensor and the new state (residual, warm-start Q) from P and Q."""
         shape = x.shape
         residual = tf.reshape(matrix - p @ tf.transpose(q_local), shape)
         total = p @ tf.transpose(q)
-        if op == "mean" and comm.world_size > 1:
-            total = total / tf.cast(comm.world_size, total.dtype)
         # An inf or NaN anywhere in the matrix reaches this worker's P = M Q (inf * 0 is NaN),
         # so P, n x r, tells whether the matrix is finite without a pass over it.
         finite = tf.reduce_all(tf.math.is_finite(p_local))

@@ -1,8 +1,9 @@
 """`GradientExchange`: the part of a step that reduces gradients over the workers.
 
-Dense, or through a compressor: tensors large enough go through the compressor, whose `reduce_all`
-sees every compressed tensor of the exchange at once and packs their payloads into as few
-collectives as its maths allows; the rest go dense in one fused all-reduce. The exchange switches
+Dense, or through a compressor: tensors large enough are encoded by the compressor, which sees
+every compressed tensor of the exchange at once and states its rounds of communication; the
+transport (`tfdist.comm.reduce_encoded`) packs each round into one collective call. The rest go
+dense, in buckets. The exchange switches
 between phases (a dense start, DGC's sparsity warm-up) and keeps compressor state (residuals,
 PowerSGD's Q, DGC's buffers) as variables of the owner optimizer, so checkpoints carry it.
 """
@@ -15,7 +16,7 @@ import tensorflow as tf
 
 from tfdist import compression
 from tfdist.arguments import check_bool, check_int
-from tfdist.comm import bucketed_all_reduce
+from tfdist.comm import bucketed_all_reduce, reduce_encoded
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part, register
@@ -32,9 +33,10 @@ class GradientExchange(Part):
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors. Defaults to False.
         start_step: Exchanges sent dense before compression starts. Defaults to 0.
-        batched: Reduce all compressed tensors of an exchange together (few collective calls).
-            False reduces them one tensor at a time (one or two collective calls each), the
-            pre-batching path, kept for comparison. Defaults to True.
+        batched: Encode all compressed tensors of an exchange together, each round of the
+            compressor in one collective call. False encodes and sends them one tensor at a
+            time (same result, one or more calls per tensor: what the batching saves is
+            measured against it). Defaults to True.
         bucket_bytes: The dense exchange all-reduces the gradients in buckets of about this
             many bytes, last layers first, one collective call each, so reducing the last
             layers' gradients overlaps the backward pass of the first ones. None: one
@@ -160,13 +162,8 @@ class GradientExchange(Part):
             out[j] = r
         current = [{k: tf.convert_to_tensor(v) for k, v in states[j].items()} for j in packed]
         step = tf.cast(step, tf.int64)
-        if self.batched:
-            reduced, new_states = compressor.reduce_all([values[j] for j in packed], current, step,
-                                                        comm, op=op)
-        else:
-            pairs = [compressor.reduce(values[j], s, step, comm, op=op)
-                     for j, s in zip(packed, current)]
-            reduced, new_states = [r for r, _ in pairs], [s for _, s in pairs]
+        reduced, new_states = reduce_encoded(compressor, [values[j] for j in packed], current,
+                                             step, comm, op=op, batched=self.batched)
         if flagged:  # a cond: no pass over the tensors when every worker was finite
             reduced = tf.cond(dense_reduced[-1][0] > 0,
                               lambda: [r + tf.constant(float("nan"), r.dtype) for r in reduced],

@@ -2,12 +2,13 @@
 
 One gradient exchange of the comm suite's model (the 5.5M-parameter MLP 64-2304-2304-10, its
 tensors of at least 1,024 elements and rank >= 2 compressed, as `GradientExchange` does) through
-`reduce_all` over a loopback communicator of 2 workers: every collective returns what 2 workers
-sending this worker's payload would produce, so the time is the compressor's work on one worker
-(compressing, packing, decompressing every worker's payload, error feedback) with no network. A
-traced `tf.function`, its state fed back at every call as in training; the median of the timed
-calls after warm-up, in ms per exchange and per MB of float32 gradient compressed (MB = 10^6
-bytes). "dense" is the fused all-reduce of the same tensors: packing only.
+the transport (`reduce_encoded`) over a loopback communicator of 2 workers: every collective
+returns what 2 workers sending this worker's payload would produce, so the time is the
+compressor's work on one worker (compressing, packing, decompressing every worker's payload,
+error feedback) with no network. A traced `tf.function`, its state fed back at every call as in
+training; the median of the timed calls after warm-up, in ms per exchange and per MB of float32
+gradient compressed (MB = 10^6 bytes). "dense" is the fused all-reduce of the same tensors:
+packing only.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import tensorflow as tf
 
 from tfdist import compression
-from tfdist.comm import Communicator, fused_all_reduce
+from tfdist.comm import Communicator, fused_all_reduce, reduce_encoded
 
 SHAPES = [(64, 2304), (2304,), (2304, 2304), (2304,), (2304, 10), (10,)]
 MIN_COMPRESS_SIZE = 1024
@@ -91,7 +92,7 @@ def time_exchange(config, repeats: int = 30, warmup: int = 3, shapes=None) -> di
     def exchange(grads, states, step):
         if compressor is None:
             return fused_all_reduce(comm, grads, "sum"), states
-        return compressor.reduce_all(grads, states, step, comm, op="sum")
+        return reduce_encoded(compressor, grads, states, step, comm, op="sum")
 
     times = []
     for i in range(warmup + repeats):

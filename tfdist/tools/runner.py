@@ -64,6 +64,7 @@ from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.optimizers.nan_policy import NanPolicy
 from tfdist.ps import (
     FinishCallback,
+    HogwildSGD,
     ParameterServerEngine,
     serve,
 )
@@ -99,6 +100,13 @@ class Job:
     @property
     def is_chief(self) -> bool:
         return self.engine.is_chief
+
+    @property
+    def pushes(self) -> bool:
+        """Workers push to parameter servers (`tfdist.ps`), whatever the engine's name: the
+        servers hold each worker's step count and the checkpoints, and serve a task in the role
+        `ps`."""
+        return isinstance(self.engine, ParameterServerEngine)
 
 
 def make_job(config: dict[str, Any]) -> Job:
@@ -640,7 +648,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     def batches():  # the same sequence of global batches, whichever engine slices it
         return data.global_batches(micro_batch, data_cfg["seed"], start)
 
-    if job.name == "parameter_server":
+    if job.pushes:
         # Joins the servers now: a worker started again, or a job resumed from the servers'
         # checkpoints, goes on at the step the servers hold for this worker.
         _on_notice(config, raising=False)
@@ -690,14 +698,15 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
                   if backup is not None and backup.restored else {}))
     train_seconds = time.time() - started
 
-    if job.name == "hogwild" and job.is_chief:
+    hogwild = isinstance(optimizer, HogwildSGD)  # lock-free replicas: their updates' report
+    if hogwild and job.is_chief:
         write_report(str(run_dir / TENSORBOARD / "hogwild"), optimizer.report())
     metrics = metrics_of(config["train"])
     tested = evaluate(model, data.test_batches(), config["train"]["loss"], metrics)
     total_steps = steps * config["train"]["epochs"]
     # A parameter-server worker's counters start with this process (the servers held the
     # rest): per-step figures are over the steps it ran.
-    counted_steps = total_steps - start if job.name == "parameter_server" else total_steps
+    counted_steps = total_steps - start if job.pushes else total_steps
     params = int(model.count_params())
     unsharded = model.wrapped() if isinstance(model, ShardedModel) else model
     trainable = int(sum(np.prod(v.shape) for v in unsharded.trainable_weights))
@@ -750,9 +759,9 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "optimizer_state_bytes": (_state_bytes(optimizer)
                                   if job.kind.tfdist_optimizer else {}),
         # The parameter servers' counters, seen from the chief at the end (staleness).
-        "parameter_server": finish.report if job.name == "parameter_server" else None,
+        "parameter_server": finish.report if job.pushes else None,
         # Hogwild: updates applied and their staleness (other replicas' updates before it).
-        "hogwild": optimizer.report() if job.name == "hogwild" else None,
+        "hogwild": optimizer.report() if hogwild else None,
         "train_seconds": round(train_seconds, 2),
         "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
@@ -762,7 +771,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         # examples trained on in each epoch, all workers, across restarts.
         "resumed_from_step": (backup.restored["consumed"]
                               if backup is not None and backup.restored else
-                              start or None if job.name == "parameter_server" else None),
+                              start or None if job.pushes else None),
         "examples_per_epoch": [b * micro_batch for b in (
             backup.batches_per_epoch if backup is not None else counter.batches_per_epoch)],
         "model_path": str(run_dir / MODEL) if model_path is not None else None,
@@ -899,7 +908,7 @@ def _backup(config: dict[str, Any], run_dir: Path, job: Job):
     if job.is_chief:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / RUN_FILE).write_text(str(run_dir))
-    if job.name == "parameter_server":  # the servers checkpoint (`_serve`); workers resume there
+    if job.pushes:  # the servers checkpoint (`_serve`); workers resume there
         return None, 0
     # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
     backup = BackupAndRestore(directory, save_freq=every,

@@ -69,6 +69,12 @@ def test_defaults_fill_missing_keys():
     ({"optimizer": {"zero_stage": 1, "offload_dir": "/tmp"}}, "only for optimizer.offload: disk"),
     ({"optimizer": {"zero_stage": 2}, "compression": {"name": "topk"}},
      "it does not combine with compression or local SGD"),
+    # ZeroOptimizer's and Offload's own rules, as their constructors state them
+    ({"optimizer": {"zero_stage": 2}, "train": {"precision": "mixed_float16"}},
+     "train.precision: ZeroOptimizer does no loss scaling"),
+    ({"optimizer": {"zero_stage": 1, "offload": "disk", "offload_budget_mb": 0.0001}},
+     "optimizer.offload_budget_mb: `budget_bytes` must be an integer >= 1024. Received: "
+     "budget_bytes=104"),
 ])
 def test_errors_name_key_value_and_rule(raw, message):
     with pytest.raises(ConfigError) as e:
@@ -126,7 +132,7 @@ def test_overrides_are_yaml_values_and_validated(tmp_path):
                                                 "none"),
     ("data: {name: digits, num_examples: 100}", "data.num_examples: only for data.name synthetic"),
     ("optimizer: {zero_stage: 1, offload: disk, offload_dir: /nonexistent/state}",
-     "optimizer.offload_dir: '/nonexistent/state' is not a directory; create it"),
+     "optimizer.offload_dir: Offload directory '/nonexistent/state' does not exist: create it"),
     ("data: {name: synthetic, input_shape: [10000, 10000]}",
      "data.num_examples: 4,096 examples of shape [10000, 10000] take 1,525.9 GiB"),
     ("model: {name: mlp, hidden: [1048576, 1048576]}", "use narrower layers"),

@@ -459,17 +459,32 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("optimizer.zero_stage: ZeRO shards the exchange itself, so it does not "
                       "combine with compression or local SGD; set compression.name to none and "
                       "averaging.period to null")
-    if c["train"]["precision"] == "mixed_float16":
-        errors.append("optimizer.zero_stage: ZeRO does no loss scaling; use train.precision "
-                      "float32 or mixed_bfloat16")
+    from tfdist.zero import ZeroOptimizer
+
+    try:  # the optimizer's own rules, as it would apply them
+        ZeroOptimizer.check_dtype_policy(c["train"]["precision"])
+    except ValueError as e:
+        errors.append(f"train.precision: {e}")
     if opt["offload_dir"] is not None and opt["offload"] != "disk":
         errors.append("optimizer.offload_dir: only for optimizer.offload: disk")
-    elif opt["offload_dir"] is not None and not os.path.isdir(os.path.expanduser(
-            opt["offload_dir"])):
-        errors.append(f"optimizer.offload_dir: {opt['offload_dir']!r} is not a directory; create "
-                      "it (on a disk with room for the optimizer state), or null for a temporary "
-                      "one")
+    else:
+        try:
+            make_offload(opt)
+        except ValueError as e:
+            key = "offload_dir" if opt["offload_dir"] is not None else "offload_budget_mb"
+            errors.append(f"optimizer.{key}: {e}")
     return errors
+
+
+def make_offload(opt: dict[str, Any]):
+    """The `tfdist.zero.Offload` a validated `optimizer` section asks for, or None."""
+    from tfdist.zero import Offload
+
+    if opt["offload"] is None:
+        return None
+    directory = opt["offload_dir"] and os.path.expanduser(opt["offload_dir"])
+    return Offload(opt["offload"], directory if opt["offload"] == "disk" else None,
+                   budget_bytes=int(opt["offload_budget_mb"] * 2**20))
 
 
 def metrics_of(train: dict[str, Any]) -> list[str]:

@@ -71,10 +71,10 @@ from tfdist.ps import (
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
-from tfdist.tools.config import ConfigError, make_parts, metrics_of
+from tfdist.tools.config import ConfigError, make_offload, make_parts, metrics_of
 from tfdist.tools.engines import ENGINES, JobEngine, make_compressor
 from tfdist.tools.models import MODELS, build_model
-from tfdist.zero import Offload, ShardedModel, ZeroOptimizer
+from tfdist.zero import ShardedModel, ZeroOptimizer
 
 SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yaml", "tensorboard"
 BACKUP, RUN_FILE = "backup", "run"  # train.output_dir/backup/run: the run being backed up
@@ -446,12 +446,9 @@ def _wrap(job: Job, inner, config: dict):
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"],
                                     nan_policy=opt_cfg["nan_policy"])
-    offload = opt_cfg["offload"]
-    if offload == "disk":
-        offload = Offload("disk", opt_cfg["offload_dir"],
-                          budget_bytes=int(opt_cfg["offload_budget_mb"] * 2**20))
     return ZeroOptimizer(inner, stage=opt_cfg["zero_stage"],
-                         accumulation_steps=opt_cfg["accumulation_steps"], offload=offload,
+                         accumulation_steps=opt_cfg["accumulation_steps"],
+                         offload=make_offload(opt_cfg),
                          nan_policy=opt_cfg["nan_policy"])
 
 

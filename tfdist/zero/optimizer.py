@@ -169,9 +169,7 @@ class ZeroOptimizer(DistributedOptimizer):
         _check_inner(inner_optimizer)
         accumulation_steps = check_int("accumulation_steps", accumulation_steps, 1)
         offload = Offload.parse(offload)
-        if keras.config.dtype_policy().name == "mixed_float16":
-            raise ValueError("ZeroOptimizer does no loss scaling: train in float32 or "
-                             "mixed_bfloat16 (dtype policy is mixed_float16).")
+        self.check_dtype_policy(keras.config.dtype_policy().name)
         parts: list[Part] = [ZeroExchange(self)]
         if accumulation_steps > 1:
             parts.insert(0, ShardedAccumulation(self, accumulation_steps) if stage == 2
@@ -180,6 +178,15 @@ class ZeroOptimizer(DistributedOptimizer):
                          nan_policy=nan_policy, engine=engine, name=name)
         self.stage = stage
         self.offload = offload
+
+    @staticmethod
+    def check_dtype_policy(policy: str) -> None:
+        """Raises a ValueError if ZeRO cannot train under the Keras dtype policy named `policy`
+        (it does no loss scaling: not "mixed_float16"). The constructor checks the global
+        policy; `tfdist train` checks `train.precision` with it before training starts."""
+        if policy == "mixed_float16":
+            raise ValueError("ZeroOptimizer does no loss scaling: train in float32 or "
+                             "mixed_bfloat16 (dtype policy is mixed_float16).")
 
     # -- building ------------------------------------------------------------------------------
     @property

@@ -450,7 +450,8 @@ def test_a_ps_task_refuses_the_workers_optimizer():
     ("engine.staleness=-1", "engine.staleness"),
     ("compression.name=randomk", "compression.name: randomk do(es) not combine"),
     ("train.precision=mixed_float16", "parameter-server training does not do"),
-    ("engine.delay_compensation=0.04", "engine.delay_compensation: corrects stale gradients"),
+    ("engine.delay_compensation=0.04",
+     "engine.delay_compensation: `delay_compensation` corrects stale gradients; with staleness=0"),
 ])
 def test_configs_that_parameter_servers_cannot_run_are_refused(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

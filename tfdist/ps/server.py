@@ -76,6 +76,18 @@ def check_staleness(staleness) -> int | None:
     return check_int("staleness", staleness, 0)
 
 
+def check_delay_compensation(delay_compensation, staleness) -> float | None:
+    """DC-ASGD's lambda: a number >= 0, or None; only where gradients can be stale (the servers'
+    rule, which `tfdist train` applies to a config as well)."""
+    if delay_compensation is None:
+        return None
+    check_number("delay_compensation", delay_compensation, 0)
+    if staleness == 0:
+        raise ValueError("`delay_compensation` corrects stale gradients; with staleness=0 there "
+                         "are none: use staleness >= 1 or None.")
+    return delay_compensation
+
+
 class ParameterServer:
     """Serves `variables` (this server's shard) to `num_workers` workers (see module docstring).
 
@@ -125,12 +137,7 @@ class ParameterServer:
         self.worker_timeout = check_number("worker_timeout", worker_timeout, 0, low_open=True)
         self.index = index
         self.scale_lr_by_staleness = check_bool("scale_lr_by_staleness", scale_lr_by_staleness)
-        if delay_compensation is not None:
-            check_number("delay_compensation", delay_compensation, 0)
-            if self.staleness == 0:
-                raise ValueError("`delay_compensation` corrects stale gradients; with "
-                                 "staleness=0 there are none: use staleness >= 1 or None.")
-        self.delay_compensation = delay_compensation
+        self.delay_compensation = check_delay_compensation(delay_compensation, self.staleness)
         self._pulled: dict[int, list[np.ndarray]] = {}  # per worker, its last pull (DC-ASGD)
         self.codecs = codecs_for(compressor, self.variables,
                                  check_int("min_compress_size", min_compress_size, 0),

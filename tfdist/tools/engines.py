@@ -2,7 +2,7 @@
 
 A `JobEngine` says how the processes of a job train: the tf.distribute strategy (if any) and the
 `tfdist.comm.Engine` each process runs on, which config sections combine with it (checked before
-TensorFlow loads), the optimizer around the config's Keras optimizer, and how the global batches
+training starts), the optimizer around the config's Keras optimizer, and how the global batches
 reach `fit`. The built-in ones are below; the names are the launch layouts a config picks
 (`mirrored`: the devices of one process, `multi_worker`: TF_CONFIG workers, ...), each running on
 one of the library's engines (`tfdist.comm`: distribute, horovod, local, parameter servers).
@@ -16,8 +16,9 @@ module imported first:
         def make(self, config):
             return None, MyEngine()      # (strategy or None, tfdist engine)
 
-This module imports TensorFlow only inside `make` and `optimizer`, so checking a config stays
-fast.
+This module imports TensorFlow only inside methods (`make`, `optimizer`, and a `check` that asks
+the library's own rules), so looking an engine up stays fast; a config's values are checked
+against the schema before any of them runs.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class JobEngine:
 
     def check(self, config: Config) -> list[str]:
         """What the config may not combine with this engine: one message per problem, each
-        naming the key and the fix. Runs before TensorFlow loads."""
+        naming the key and the fix. Runs before training starts, after the schema's checks;
+        where the library has the rule, ask it (as `ParameterServer.check` does) rather than
+        restating it."""
         return []
 
     def make(self, config: Config) -> tuple[Any, Any]:
@@ -211,10 +214,13 @@ class ParameterServer(JobEngine):
                           "alone (not auto or randomk), and leave averaging.period null, "
                           "optimizer.zero_stage null, optimizer.accumulation_steps 1 and "
                           "train.resize_policy null")
-        if config["engine"]["delay_compensation"] is not None and \
-                config["engine"]["staleness"] == 0:
-            errors.append("engine.delay_compensation: corrects stale gradients; with "
-                          "engine.staleness 0 there are none: set engine.staleness >= 1 or null")
+        from tfdist.ps.server import check_delay_compensation
+
+        try:  # the servers' own rule
+            check_delay_compensation(config["engine"]["delay_compensation"],
+                                     config["engine"]["staleness"])
+        except ValueError as e:
+            errors.append(f"engine.delay_compensation: {e} (engine.staleness in a config)")
         if train["precision"] == "mixed_float16":
             errors.append("train.precision: 'mixed_float16' needs loss scaling, which "
                           "parameter-server training does not do; use float32 or mixed_bfloat16")

@@ -146,6 +146,34 @@ def test_save_with_4_replicas_load_with_2_and_continue(mirrored, tmp_path):
                                 rtol=1e-5, atol=1e-6)
 
 
+def test_a_pending_accumulation_comes_back_per_replica(mirrored, tmp_path):
+    """Stage 1 saved between two micro-steps: each replica gets its own gradient buffer back
+    (the per-replica format every tfdist optimizer saves), and training goes on as never
+    stopped."""
+    x, y = common.load_digits()
+    half = BATCH // 2
+    saving = mirrored(4)
+    straight, _ = _fit(saving, lambda: ZeroOptimizer(
+        keras.optimizers.Adam(1e-2), stage=1, accumulation_steps=2), steps=9, accumulation=2)
+    path = str(tmp_path / "pending.keras")
+    straight.save(path)
+    pending = [[c.numpy() for c in straight.optimizer.engine.replica_copies(v)]
+               for v in straight.optimizer.accumulators]
+    assert len(pending[0]) == 4 and not np.allclose(pending[0][0], pending[0][1])  # they differ
+
+    loading = mirrored(4)
+    with loading.scope():
+        resumed = keras.saving.load_model(path)
+    for saved, v in zip(pending, resumed.optimizer.accumulators):
+        for mine, copy in zip(saved, resumed.optimizer.engine.replica_copies(v), strict=True):
+            np.testing.assert_array_equal(copy.numpy(), mine)
+    later = (x[9 * half:], y[9 * half:])
+    for model, strategy in ((straight, saving), (resumed, loading)):
+        _fit(strategy, None, steps=7, x=later[0], y=later[1], model=model, accumulation=2)
+    common.assert_weights_close(common.weights(resumed), common.weights(straight),
+                                rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("kind", "name", "stage"), [
     ("cpu", "adam", 1), ("disk", "adam", 2), ("disk", "adamw", 1), ("disk", "sgd", 2)])
 def test_offloaded_state_matches_the_inner_optimizer(mirrored, tmp_path, kind, name, stage):

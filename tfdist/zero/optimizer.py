@@ -37,7 +37,7 @@ from tfdist._hooks.optimizer import excludes_from_weight_decay, own_variables, r
 from tfdist.arguments import check_int
 from tfdist.comm import resolve
 from tfdist.optimizers import Accumulation, DistributedOptimizer
-from tfdist.optimizers.chain import REPLICAS_SUFFIX, own_values
+from tfdist.optimizers.chain import own_values
 from tfdist.optimizers.nan_policy import all_finite, report_nonfinite
 from tfdist.optimizers.parts import Part
 from tfdist.zero import gather
@@ -106,6 +106,9 @@ class ShardedAccumulation(Accumulation):
     def variables(self) -> list:
         return [self._nonfinite, self._local_nonfinite, *super().variables()] \
             if self.built else []
+
+    def per_replica_variables(self) -> list:
+        return []  # its buffer is a shard: the ZeroOptimizer saves it consolidated
 
     def make_buffers(self, owner, var_list, engine) -> list:
         return [owner.add_variable(shape=(self.zero.plan.shard_size,), dtype="float32",
@@ -436,16 +439,14 @@ class ZeroOptimizer(DistributedOptimizer):
         return [v for v in own_variables(self) if v is not self._shard]
 
     def _save(self, variables, store):
+        """One value per variable (a sharded one consolidated), then every replica's copy of the
+        per-replica state in the format every tfdist optimizer uses (`Chain.save_replicas`)."""
         sharded = {id(v) for v in self.sharded_variables()}
-        per_replica = {id(v) for v in self.accumulators} - sharded
         for i, var in enumerate(variables):
             copies = self.engine.replica_copies(var)
-            if id(var) in sharded:
-                store[str(i)] = self._consolidate([c.numpy() for c in copies])
-            else:
-                store[str(i)] = copies[0].numpy()
-                if id(var) in per_replica and len(copies) > 1:
-                    store[f"{i}{REPLICAS_SUFFIX}"] = np.stack([c.numpy() for c in copies])
+            store[str(i)] = (self._consolidate([c.numpy() for c in copies]) if id(var) in sharded
+                             else copies[0].numpy())
+        self.chain.save_replicas(variables, store)
 
     def _load(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}
@@ -453,18 +454,11 @@ class ZeroOptimizer(DistributedOptimizer):
         for i, var in enumerate(variables):
             value = np.asarray(store[str(i)])
             copies = self.engine.replica_copies(var)
-            if id(var) in sharded:
-                for copy, shard in zip(copies, self._local_shards(value, len(copies))):
-                    copy.assign(shard)
-                continue
-            key = f"{i}{REPLICAS_SUFFIX}"
-            saved = np.asarray(store[key]) if key in store.keys() else None  # noqa: SIM118
-            if saved is not None and len(saved) == len(copies):
-                for copy, v in zip(copies, saved):
-                    copy.assign(v)
-            else:
-                for copy in copies:
-                    copy.assign(value if saved is None else saved.mean(axis=0))
+            values = (self._local_shards(value, len(copies)) if id(var) in sharded
+                      else [value] * len(copies))
+            for copy, v in zip(copies, values):
+                copy.assign(v)
+        self.chain.load_replicas(variables, store)
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name,

@@ -66,8 +66,9 @@ def test_a_rank_that_dies_leaves_the_others_to_finish_the_same_training(tmp_path
 def test_a_host_that_joins_is_used_and_changes_nothing_but_the_speed(tmp_path, reference):
     """A script written as Horovod's elastic Keras example is (Horovod's names, a model built at
     its first batch, `fit(epochs=EPOCHS - state.epoch)`), 2 ranks on localhost; at global step 6
-    the discovery script starts listing 127.0.0.1:1: every rank stops at its next commit, the new
-    rank takes rank 0's state, the epoch in flight goes on from its committed batch, and 3 ranks
+    the discovery script starts listing 127.0.0.1:1 and the ranks wait there until Horovod sees
+    it (the reset then comes at that step's commit, however loaded the machine): the new rank
+    takes rank 0's state, the epoch in flight goes on from its committed batch, and 3 ranks
     finish with the uninterrupted weights."""
     weights, sizes, output = _elastic_run(tmp_path, "join", "localhost:2\n", 2, "horovod")
     assert sizes == [2, 3], output[-3000:]

@@ -85,6 +85,32 @@ def test_a_host_that_dies_stops_the_job_with_an_error_naming_it(tmp_path):
     assert time.monotonic() - start < 170  # ended by the error, not by the timeout
 
 
+def test_any_error_while_a_worker_is_gone_is_reported_as_that_worker_unavailable(monkeypatch):
+    """Which TensorFlow error a lost worker causes depends on what was under way (a step, a
+    function being registered on it): each is re-raised as UnavailableError naming the worker;
+    while every worker answers, the error is TensorFlow's own."""
+    import socket
+
+    from tfdist.pipeline import cluster
+
+    with socket.socket() as alive, socket.socket() as gone:
+        alive.bind(("127.0.0.1", 0))
+        alive.listen()
+        gone.bind(("127.0.0.1", 0))  # bound, not listening: refuses connections
+        addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in (alive, alive, gone)]
+        monkeypatch.setattr(cluster, "_connected", addresses)
+        for error in (tf.errors.InternalError, tf.errors.UnavailableError):
+            named = rf"Pipeline worker 2 \({addresses[2]}\) no longer answers"
+            with pytest.raises(tf.errors.UnavailableError, match=named), \
+                    cluster.naming_lost_workers():
+                raise error(None, None, "Failed to register function remotely due to Socket "
+                                        "closed")
+        monkeypatch.setattr(cluster, "_connected", addresses[:2])
+        with pytest.raises(tf.errors.InternalError, match="^Socket closed$"), \
+                cluster.naming_lost_workers():
+            raise tf.errors.InternalError(None, None, "Socket closed")
+
+
 def _resolver(workers: int, jobs=None):
     spec = tf.train.ClusterSpec(jobs or {"worker": [f"127.0.0.1:{2222 + i}"
                                                      for i in range(workers)]})

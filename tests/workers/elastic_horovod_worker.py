@@ -2,7 +2,8 @@
 
 `python elastic_horovod_worker.py OUT MODE HOSTS [STYLE]`, MODE "die" or "join":
 * die: the rank on host 127.0.0.1 kills itself (SIGKILL) at global step 8, once;
-* join: rank 0 adds `127.0.0.1:1` to the discovery file HOSTS at global step 6.
+* join: rank 0 adds `127.0.0.1:1` to the discovery file HOSTS at global step 6, where every
+  rank waits for Horovod to see it.
 STYLE "tfdist" (default) uses tfdist's own names; "horovod" is written as Horovod's elastic Keras
 example is (a `Sequential` without `Input`, `hvd.DistributedOptimizer(opt,
 backward_passes_per_step=1, ...)`, `hvd.callbacks.MetricAverageCallback`, the three
@@ -45,18 +46,24 @@ class Fault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.state.epoch * STEPS + self.state.batch
-        if self.mode == "join" and thvd.size() < 3:
-            time.sleep(0.3)  # time for Horovod to see the new host before the job ends
+        if self.mode == "join" and step == JOIN_AT and thvd.size() < 3:
+            if thvd.rank() == 0:
+                with open(self.hosts, "a") as f:
+                    f.write("127.0.0.1:1\n")
+            # Every rank waits here, after this step's commit, until Horovod has seen the new
+            # host (`check_host_updates` is a collective: the ranks poll together and raise the
+            # reset together), so the reset comes at this step however loaded the machine is.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                self.state.check_host_updates()
+                time.sleep(0.25)
+            raise RuntimeError("Horovod did not see the host added to the discovery file")
         if os.path.exists(self.marker):
             return
         if self.mode == "die" and step == DIE_AT and \
                 os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1":
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.mode == "join" and step == JOIN_AT and thvd.rank() == 0:
-            open(self.marker, "w").close()
-            with open(self.hosts, "a") as f:
-                f.write("127.0.0.1:1\n")
 
 
 def horovod_style(out: str, mode: str, hosts: str) -> None:

@@ -14,7 +14,8 @@ worker 0 has ended, or (status 1) if worker 0 never comes up. Start the workers 
 TF_CONFIG job, e.g. `python -m tfdist.launch --workers 4 -- python train.py`.
 
 Faults: a serving worker that dies fails worker 0's next step; `PipelineModel`'s `fit`, `evaluate`
-and `predict` then raise TensorFlow's error with the lost workers named (`naming_lost_workers`).
+and `predict` then raise `tf.errors.UnavailableError` naming the lost workers
+(`naming_lost_workers`).
 The job stops there; re-run it, restoring a checkpoint, to go on.
 """
 
@@ -156,16 +157,19 @@ def _serve(resolver, workers: list[str], task: int, wait: float) -> None:
 
 @contextlib.contextmanager
 def naming_lost_workers():
-    """Re-raises a lost connection to a serving worker with the workers that no longer answer
-    named (TensorFlow's own message names the RPC, not always the task)."""
+    """Re-raises a lost connection to a serving worker as `tf.errors.UnavailableError`, with the
+    workers that no longer answer named. TensorFlow's own error names the RPC, not always the
+    task, and its class depends on what was under way when the connection went (a step:
+    UnavailableError; registering a traced function: "Failed to register function remotely
+    due to Socket closed", another class); any TensorFlow error while a worker is gone is
+    reported so."""
     try:
         yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError,
-            tf.errors.CancelledError) as error:
+    except tf.errors.OpError as error:
         lost = [f"worker {t} ({a})" for t, a in enumerate(_connected) if t and not _accepts(a)]
         if not lost:
             raise
-        raise type(error)(error.node_def, error.op, (
+        raise tf.errors.UnavailableError(error.node_def, error.op, (
             f"Pipeline {', '.join(lost)} no longer answers: its process or host is gone, and "
             "with it the stages and variables it held. The job stops here; start it again "
             "(restoring the last checkpoint, e.g. with tfdist.callbacks.BackupAndRestore) to go "

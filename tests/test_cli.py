@@ -39,41 +39,43 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
 
     args = ["train", "--config", "configs/default.yaml", "--set", "train.epochs=2",
             "--set", f"train.output_dir={tmp_path}"]
-    first, second = _run(args, env=_user_env()), _run(args)
-    for out in (first, second):
-        assert out.returncode == 0, out.stderr[-4000:]
-        assert "test accuracy" in out.stdout and "bytes sent/step" in out.stdout
-        assert "collectives/step  1.00" in out.stdout
-        assert "to the end of the first step (imports" in out.stdout
-        assert len(out.stderr.strip().splitlines()) <= 10, out.stderr
-    runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
-    assert len(runs) == 2 and all(str(r) in out.stdout for r, out in zip(runs, (first, second)))
-    for run in runs:
-        assert {p.name for p in run.iterdir()} >= {"config.yaml", "summary.json", "model.keras",
-                                                   "tensorboard"}
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["test_accuracy"] > 0.8
-        assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2
-        assert summary["communication_rounds"] == summary["steps"]
-        # Start-up: the parts are measured (imports take > 1 s; the first step traces) and
-        # add up to the total printed.
-        up = summary["startup_seconds"]
-        assert up["before_train"] > 1.0 and up["setup"] > 0 and up["first_step"] > 0
-        assert up["fit_before_first_step"] >= 0
-        parts = sum(v for k, v in up.items() if k != "total")
-        assert up["total"] == pytest.approx(parts, abs=0.005)
-        scalars = _scalars(run)
-        assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
-        assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [
-            pytest.approx(0.002)] * 2
-        assert scalars["bytes_per_step"] == [summary["bytes_sent_per_step"]] * 2
-    model = keras.saving.load_model(runs[0] / "model.keras")  # compiled, with Keras' Adam
+    first = _run(args, env=_user_env())
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "test accuracy" in first.stdout and "bytes sent/step" in first.stdout
+    assert "collectives/step  1.00" in first.stdout
+    assert "to the end of the first step (imports" in first.stdout
+    assert len(first.stderr.strip().splitlines()) <= 10, first.stderr
+    (run,) = (p for p in tmp_path.iterdir() if p.is_dir())
+    assert str(run) in first.stdout
+    assert {p.name for p in run.iterdir()} >= {"config.yaml", "summary.json", "model.keras",
+                                               "tensorboard"}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.8
+    assert summary["bytes_sent_per_step"] == summary["gradient_bytes_per_round"]  # N=2
+    assert summary["communication_rounds"] == summary["steps"]
+    # Start-up: the parts are measured (imports take > 1 s; the first step traces) and add up
+    # to the total printed.
+    up = summary["startup_seconds"]
+    assert up["before_train"] > 1.0 and up["setup"] > 0 and up["first_step"] > 0
+    assert up["fit_before_first_step"] >= 0
+    parts = sum(v for k, v in up.items() if k != "total")
+    assert up["total"] == pytest.approx(parts, abs=0.005)
+    scalars = _scalars(run)
+    assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
+    assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [
+        pytest.approx(0.002)] * 2
+    assert scalars["bytes_per_step"] == [summary["bytes_sent_per_step"]] * 2
+    model = keras.saving.load_model(run / "model.keras")  # compiled, with Keras' Adam
     assert type(model.optimizer) is keras.optimizers.Adam
     assert model.optimizer.get_config()["learning_rate"] == pytest.approx(0.002)
-    refused = _run([*args, "--set", f"train.run_name={runs[0].name}"])
+    refused = _run([*args, "--set", f"train.run_name={run.name}"])
     assert refused.returncode == 2 and "holds a finished run" in refused.stderr
+    # The same command again: a run of its own, in a new directory, beside the first.
     loud = _run([*args, "--set", "train.epochs=1", "--verbose"], env=_user_env())
     assert loud.returncode == 0 and len(loud.stderr.strip().splitlines()) > 3  # TF's own lines
+    (other,) = (p for p in tmp_path.iterdir() if p.is_dir() and p != run)
+    assert str(other) in loud.stdout
+    assert json.loads((other / "summary.json").read_text())["steps"] == summary["steps"] // 2
 
 
 def test_train_zero_config_keeps_the_optimizer_state_on_the_host(tmp_path):

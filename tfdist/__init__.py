@@ -21,7 +21,7 @@ import sys as _sys
 
 from tfdist import logs as _logs
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CompressedStrategy",

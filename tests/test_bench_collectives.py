@@ -31,6 +31,7 @@ def test_every_transport_size_and_split_has_a_measured_row(sweep):
     saved = json.loads((out / "collectives.json").read_text())
     assert saved["rows"] == rows and saved["failures"] == []
     assert saved["command"] == "tfdist bench --suite collectives --sizes 0.4 --splits 1,2"
+    assert saved["date"] and "TensorFlow" in saved["machine"]  # what its page names
     table = (out / "collectives.md").read_text()
     assert table.count("\n| ") == len(rows) + 1 and "| 1.00x |" in table
 
@@ -64,6 +65,23 @@ def test_table_compares_each_row_with_tf_distribute_at_the_same_size_and_split()
     text = collectives.table([row("tf.distribute", 40.0), row("horovod", 16.0)])
     assert "| horovod | 2 | 22 | 1 | 16.0 | 16.0 | 1.38 | 2.50x |" in text
     assert collectives.bus_bandwidth_gbs(94.0, 100.0, 4) == pytest.approx(1.41)
+
+
+def test_the_page_shows_each_size_and_split_with_one_column_per_transport_and_processes():
+    def row(transport, processes, splits, ms):
+        return {"transport": transport, "label": transport, "processes": processes,
+                "size_mb": 22.0, "splits": splits, "median_ms": ms, "min_ms": ms,
+                "bus_gbs": collectives.bus_bandwidth_gbs(22.0, ms, processes)}
+
+    rows = [row(t, n, k, ms) for t, n, k, ms in (
+        ("tf.distribute", 2, 1, 40.0), ("horovod", 2, 1, 16.0), ("tf.distribute", 4, 1, 100.0),
+        ("horovod", 4, 1, 37.0), ("tf.distribute", 2, 2, 30.0))]
+    lines = collectives.page_table(rows).splitlines()
+    assert lines[0] == ("| size (MB) | all-reduce calls | tf.distribute, 2 processes | "
+                        "Horovod, 2 processes | tf.distribute, 4 processes | "
+                        "Horovod, 4 processes |")
+    assert lines[2] == "| 22 | 1 | 40.0 (0.55) | 16.0 (1.38) | 100.0 (0.33) | 37.0 (0.89) |"
+    assert lines[3] == "| 22 | 2 | 30.0 (0.73) | - | - | - |"  # not measured: a dash
 
 
 def test_the_command_names_the_bad_value_and_exits_2(tmp_path, capsys):

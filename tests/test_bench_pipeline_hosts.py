@@ -38,4 +38,5 @@ def test_stages_on_two_hosts_send_only_their_payload(tmp_path):
         assert r["step_ms"] > 0
     saved = json.loads((tmp_path / "pipeline_hosts.json").read_text())
     assert saved["rows"] == rows
+    assert saved["date"] and "TensorFlow" in saved["machine"]  # what its page names
     assert "| 2 | 1gbit | gpipe 2 stages | 4 |" in (tmp_path / "pipeline_hosts.md").read_text()

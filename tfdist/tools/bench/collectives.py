@@ -29,6 +29,7 @@ TRANSPORTS = {
     "tf.distribute": "tf.distribute CollectiveAllReduce (gRPC ring), as Keras calls it",
     "horovod": "Horovod (Gloo)",
 }
+SHORT = {"tf.distribute": "tf.distribute", "horovod": "Horovod"}  # the page's column names
 SIZES_MB = (1.0, 22.0, 94.0)  # one small tensor, the comm suite MLP's gradients, ResNet-50's
 QUICK_SIZES_MB = (1.0, 22.0)
 SPLITS = (1, 2, 4, 8)
@@ -148,6 +149,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def page_table(rows: list[dict]) -> str:
+    """The benchmark page's table: one row per size and number of calls, one column per
+    transport and number of processes; median ms with the bus bandwidth (GB/s) in brackets."""
+    columns = list(dict.fromkeys((r["transport"], r["processes"]) for r in sorted(
+        rows, key=lambda r: r["processes"])))
+    cells = {(r["size_mb"], r["splits"], r["transport"], r["processes"]): r for r in rows}
+    lines = ["| size (MB) | all-reduce calls | " + " | ".join(
+        f"{SHORT.get(t, t)}, {n} processes" for t, n in columns) + " |",
+        "|---:|---:|" + "---:|" * len(columns)]
+    for size, splits in sorted({(r["size_mb"], r["splits"]) for r in rows}):
+        shown = [cells.get((size, splits, label, n)) for label, n in columns]
+        lines.append(f"| {size:g} | {splits} | " + " | ".join(
+            f"{c['median_ms']:.1f} ({c['bus_gbs']:.2f})" if c else "-" for c in shown) + " |")
+    return "\n".join(lines)
+
+
 def _positive(values, name: str, kind=float) -> list:
     out = []
     for v in values:
@@ -199,8 +216,11 @@ def run_collectives(quick: bool, out: str, processes=None, sizes_mb=None, splits
                 failures.append(str(e))
     text = table(rows)
     (out_dir / "collectives.md").write_text(f"Command: `{command}`\n\n{text}\n")
+    from tfdist.tools.bench.suites import machine
+
     (out_dir / "collectives.json").write_text(json.dumps(
-        {"command": command, "repeats": repeats, "failures": failures, "rows": rows}, indent=2))
+        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+         "repeats": repeats, "failures": failures, "rows": rows}, indent=2))
     print(text)
     print(f"bench: wrote {out_dir / 'collectives.md'} and {out_dir / 'collectives.json'}")
     if failures:

@@ -186,8 +186,11 @@ def run_pipeline_hosts(quick: bool, out: str, hosts=None, bandwidths=None) -> li
             rows += _one_cluster(h, bandwidth, quick, out_dir)
     table = pipeline_hosts_table(rows)
     (out_dir / "pipeline_hosts.md").write_text(f"Command: `{command}`\n\n{table}\n")
+    from tfdist.tools.bench.suites import machine
+
     (out_dir / "pipeline_hosts.json").write_text(json.dumps(
-        {"command": command, "model": f"{LAYERS} x Dense({WIDTH})", "batch": BATCH,
+        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+         "model": f"{LAYERS} x Dense({WIDTH})", "batch": BATCH,
          "remat": "except_last", "rows": rows}, indent=2))
     print(table)
     print(f"bench: wrote {out_dir / 'pipeline_hosts.md'} and {out_dir / 'pipeline_hosts.json'}")

@@ -396,6 +396,14 @@ def table_of(suite: str, result: dict) -> str:
         from tfdist.tools.bench.overhead import overhead_table
 
         return overhead_table(rows, result["steps"], result["repeats"])
+    if suite == "collectives":
+        from tfdist.tools.bench.collectives import page_table
+
+        return page_table(rows)
+    if suite == "pipeline_hosts":
+        from tfdist.tools.bench.pipeline_hosts import pipeline_hosts_table
+
+        return pipeline_hosts_table(rows)
     tables = {"memory": _memory_table, "local_sgd": _local_sgd_table,
               "compression": _compression_table, "engines": _table}
     return tables[suite](rows)

@@ -113,6 +113,7 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     assert [a for _, a, _ in by[LIMIT]["curve"]] == [a for _, a, _ in dense["curve"]]
     saved = json.loads((out / "comm.json").read_text())
     assert saved["failures"] == [] and len(saved["rows"]) == len(by)
+    assert saved["date"] and "TensorFlow" in saved["machine"]  # what a benchmark page names
     assert "| 2 | 1gbit | PowerSGD |" in (out / "comm.md").read_text()
     assert by["powersgd"]["collectives_per_step"] == 3.0  # P's, Q's, the dense rest
     assert by["dense_keras"]["collectives_per_step"] == 1.0

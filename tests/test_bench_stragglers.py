@@ -84,6 +84,7 @@ def test_outputs_are_written(tmp_path):
     saved = json.loads((tmp_path / "stragglers.json").read_text())
     assert [(r["algorithm"], r["time_to_target_s"]) for r in saved["rows"]] == \
         [("sync", 30.0), ("async", 15.0)]
+    assert saved["date"] and "TensorFlow" in saved["machine"]  # what a benchmark page names
     assert "passes" in (tmp_path / "stragglers.md").read_text()
     assert (tmp_path / "stragglers_accuracy.png").stat().st_size > 10_000
 

@@ -514,8 +514,11 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
         with (out_dir / "decisions.md").open("a") as f:
             f.write(f"\nThe `auto` exchange, against the fixed algorithms of the same run:\n\n"
                     f"{auto}\n")
+    from tfdist.tools.bench.suites import machine
+
     meta: dict[str, Any] = {
-        "command": command, "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
+        "command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+        "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
         "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}
     (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
     if rows:

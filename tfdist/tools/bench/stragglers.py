@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,8 +193,11 @@ def write(plan: comm.Plan, straggler: dict, rows: list[dict], failures: list[str
     where = "; ".join(describe(straggler, n) for n in plan.hosts)
     (out_dir / "stragglers.md").write_text(
         f"Command: `{command}`\n\n{where}.\n\n{table(plan, rows)}\n\n{check(plan, rows)}\n")
+    from tfdist.tools.bench.suites import machine
+
     (out_dir / "stragglers.json").write_text(json.dumps(
-        {"command": command, "spec": str(plan.spec_path), "straggler": straggler,
+        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+         "spec": str(plan.spec_path), "straggler": straggler,
          "target_accuracy": plan.target_accuracy, "job": plan.job, "failures": failures,
          "rows": rows}, indent=2))
     if rows:

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tfdist.tools.bench.machine import stamp
+
 TRANSPORTS = {
     "tf.distribute": "tf.distribute CollectiveAllReduce (gRPC ring), as Keras calls it",
     "horovod": "Horovod (Gloo)",
@@ -216,11 +218,8 @@ def run_collectives(quick: bool, out: str, processes=None, sizes_mb=None, splits
                 failures.append(str(e))
     text = table(rows)
     (out_dir / "collectives.md").write_text(f"Command: `{command}`\n\n{text}\n")
-    from tfdist.tools.bench.suites import machine
-
     (out_dir / "collectives.json").write_text(json.dumps(
-        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-         "repeats": repeats, "failures": failures, "rows": rows}, indent=2))
+        {**stamp(command), "repeats": repeats, "failures": failures, "rows": rows}, indent=2))
     print(text)
     print(f"bench: wrote {out_dir / 'collectives.md'} and {out_dir / 'collectives.json'}")
     if failures:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from tfdist.tools import emulated
+from tfdist.tools.bench.machine import stamp
 from tfdist.tools.config import ConfigError, configs_dir, load_config, read_yaml_mapping
 
 SPEC = "bench/comm.yaml"
@@ -514,11 +515,8 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
         with (out_dir / "decisions.md").open("a") as f:
             f.write(f"\nThe `auto` exchange, against the fixed algorithms of the same run:\n\n"
                     f"{auto}\n")
-    from tfdist.tools.bench.suites import machine
-
     meta: dict[str, Any] = {
-        "command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-        "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
+        **stamp(command), "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
         "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}
     (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
     if rows:

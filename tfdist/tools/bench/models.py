@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ import yaml
 
 from tfdist.tools import emulated
 from tfdist.tools.bench import comm, plots
+from tfdist.tools.bench.machine import stamp
 from tfdist.tools.config import ConfigError, configs_dir, read_yaml_mapping
 
 SPEC = "models.yaml"
@@ -198,11 +198,8 @@ def write(rows: list[dict], failures: list[str], out_dir: Path, command: str,
     models = {k: {"label": v.get("label"), "unit": v.get("unit"),
                   "per_worker_batch": v.get("per_worker_batch"), "job": v.get("job")}
               for k, v in (spec.get("models") or {}).items()}
-    from tfdist.tools.bench.suites import machine
-
     (out_dir / "models.json").write_text(json.dumps(
-        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-         "models": models, "failures": failures, "rows": rows}, indent=2))
+        {**stamp(command), "models": models, "failures": failures, "rows": rows}, indent=2))
     if rows:
         _plot(rows, out_dir)
 

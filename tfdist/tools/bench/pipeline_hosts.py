@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from tfdist.tools.bench.machine import stamp
 from tfdist.tools.bench.pipeline import BATCH, CLASSES, LAYERS, WIDTH
 
 __all__ = ["payload_bytes", "pipeline_hosts_table", "run_pipeline_hosts"]
@@ -186,10 +187,8 @@ def run_pipeline_hosts(quick: bool, out: str, hosts=None, bandwidths=None) -> li
             rows += _one_cluster(h, bandwidth, quick, out_dir)
     table = pipeline_hosts_table(rows)
     (out_dir / "pipeline_hosts.md").write_text(f"Command: `{command}`\n\n{table}\n")
-    from tfdist.tools.bench.suites import machine
-
     (out_dir / "pipeline_hosts.json").write_text(json.dumps(
-        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+        {**stamp(command),
          "model": f"{LAYERS} x Dense({WIDTH})", "batch": BATCH,
          "remat": "except_last", "rows": rows}, indent=2))
     print(table)

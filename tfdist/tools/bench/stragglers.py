@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import yaml
 
 from tfdist.tools import emulated
 from tfdist.tools.bench import comm
+from tfdist.tools.bench.machine import stamp
 from tfdist.tools.config import ConfigError, configs_dir, read_yaml_mapping
 
 SPEC = "stragglers.yaml"
@@ -193,10 +193,8 @@ def write(plan: comm.Plan, straggler: dict, rows: list[dict], failures: list[str
     where = "; ".join(describe(straggler, n) for n in plan.hosts)
     (out_dir / "stragglers.md").write_text(
         f"Command: `{command}`\n\n{where}.\n\n{table(plan, rows)}\n\n{check(plan, rows)}\n")
-    from tfdist.tools.bench.suites import machine
-
     (out_dir / "stragglers.json").write_text(json.dumps(
-        {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+        {**stamp(command),
          "spec": str(plan.spec_path), "straggler": straggler,
          "target_accuracy": plan.target_accuracy, "job": plan.job, "failures": failures,
          "rows": rows}, indent=2))

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from tfdist.callbacks import StepTimer
 from tfdist.tools.bench import plots
+from tfdist.tools.bench.machine import stamp
 
 INPUT_DIM, HIDDEN, CLASSES = 256, (1024, 1024), 10
 MODEL = {"input_dim": INPUT_DIM, "hidden": list(HIDDEN), "classes": CLASSES}
@@ -409,23 +410,6 @@ def table_of(suite: str, result: dict) -> str:
     return tables[suite](rows)
 
 
-def machine() -> str:
-    """This machine, as a benchmark page names it: cores, CPU model, memory, TensorFlow."""
-    import os
-    import platform
-
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} CPU cores{f' ({model})' if model else ''}, {memory:.0f} GiB, "
-            f"{platform.system()}, no GPU, TensorFlow {tf.__version__}")
-
-
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
               repeats: int | None = None, out: str = "runs/bench") -> list[dict]:
     if suite not in SUITES:
@@ -477,8 +461,7 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
               f"MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN))}-{CLASSES}", flush=True)
         rows = _engines_rows(steps, repeats, out_dir)
         meta = {"steps": steps, "repeats": repeats, "global_batch": GLOBAL_BATCH, "model": MODEL}
-    result = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-              **meta, "rows": rows}
+    result = {**stamp(command), **meta, "rows": rows}
     table = table_of(suite, result)
     (out_dir / f"{suite}.md").write_text(f"Command: `{command}`\n\n{table}\n")
     (out_dir / f"{suite}.json").write_text(json.dumps(result, indent=2))

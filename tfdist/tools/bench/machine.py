@@ -1,0 +1,27 @@
+"""Where and when a benchmark ran, as its page states it (every suite's JSON starts so)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from importlib import metadata
+
+
+def machine() -> str:
+    """This machine, as a benchmark page names it: cores, CPU model, memory, TensorFlow."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} CPU cores{f' ({model})' if model else ''}, {memory:.0f} GiB, "
+            f"{platform.system()}, no GPU, TensorFlow {metadata.version('tensorflow')}")
+
+
+def stamp(command: str) -> dict[str, str]:
+    """The head of a suite's JSON: the command that ran it, today's date and this machine."""
+    return {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine()}

@@ -63,16 +63,16 @@ def test_the_check_needs_1_5x_sooner_within_a_point():
     plan, _ = stragglers.load()
     rows = [_row("sync", 30.0, 0.96, ps=False), _row("ssp4", 25.0, 0.96, staleness=4),
             _row("async", 18.0, 0.955), _row("ps_sync", 10.0, 0.96, staleness=0)]
-    text = stragglers.check(plan, rows)  # staleness 0 is synchronous: not a candidate
+    text = stragglers.check(rows)  # staleness 0 is synchronous: not a candidate
     assert "async reached the target 1.67x sooner than sync, final accuracy -0.5 pt: passes" \
         in text
     rows.append(_row("async_scaled", 15.0, 0.93))  # faster, but 3 points lower: not judged
-    assert "async reached the target 1.67x sooner" in stragglers.check(plan, rows)
+    assert "async reached the target 1.67x sooner" in stragglers.check(rows)
     rows[2]["final_accuracy"] = 0.94
-    assert "ssp4 reached the target 1.20x sooner" in stragglers.check(plan, rows[:2])
+    assert "ssp4 reached the target 1.20x sooner" in stragglers.check(rows[:2])
     assert "async_scaled reached the target 2.00x sooner than sync, final accuracy -3.0 pt: " \
-        "FAILS" in stragglers.check(plan, [r for r in rows if r["algorithm"] != "ssp4"])
-    table = stragglers.table(plan, rows)
+        "FAILS" in stragglers.check([r for r in rows if r["algorithm"] != "ssp4"])
+    table = stragglers.table(plan.target_accuracy, rows)
     assert "| 4 | 1gbit | async | 18.0 | 1.67x | 0.9400 | -2.0 | 1.50 / 3 | 10 | 100 |" in table
     assert "| 4 | 1gbit | sync | 30.0 | 1.00x | 0.9600 | +0.0 | - |" in table
 
@@ -85,6 +85,7 @@ def test_outputs_are_written(tmp_path):
     assert [(r["algorithm"], r["time_to_target_s"]) for r in saved["rows"]] == \
         [("sync", 30.0), ("async", 15.0)]
     assert saved["date"] and "TensorFlow" in saved["machine"]  # what a benchmark page names
+    assert stragglers.page_table(saved) in (tmp_path / "stragglers.md").read_text()  # its page
     assert "passes" in (tmp_path / "stragglers.md").read_text()
     assert (tmp_path / "stragglers_accuracy.png").stat().st_size > 10_000
 

@@ -108,8 +108,8 @@ def run(plan: comm.Plan, straggler: dict, out_dir: Path, command: str) -> list[d
     return rows
 
 
-def table(plan: comm.Plan, rows: list[dict]) -> str:
-    lines = [f"| hosts | link | algorithm | time to {plan.target_accuracy:.0%} (s) | speed-up vs "
+def table(target_accuracy: float, rows: list[dict]) -> str:
+    lines = [f"| hosts | link | algorithm | time to {target_accuracy:.0%} (s) | speed-up vs "
              "first row | final accuracy | vs first row (pt) | staleness mean / max | step time "
              "(ms, chief) | bytes/step/worker |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -128,7 +128,12 @@ def table(plan: comm.Plan, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def check(plan: comm.Plan, rows: list[dict]) -> str:
+def page_table(result: dict) -> str:
+    """The benchmark page's table and check, from the suite's JSON."""
+    return f"{table(result['target_accuracy'], result['rows'])}\n\n{check(result['rows'])}"
+
+
+def check(rows: list[dict]) -> str:
     """Whether bounded-staleness or asynchronous training reached the target at least
     SPEED_UP_CHECK x sooner than the first row (synchronous), within ACCURACY_SLACK of its final
     accuracy, per (hosts, link): the fastest such run is judged (the fastest of all when none
@@ -192,7 +197,8 @@ def write(plan: comm.Plan, straggler: dict, rows: list[dict], failures: list[str
           out_dir: Path, command: str) -> None:
     where = "; ".join(describe(straggler, n) for n in plan.hosts)
     (out_dir / "stragglers.md").write_text(
-        f"Command: `{command}`\n\n{where}.\n\n{table(plan, rows)}\n\n{check(plan, rows)}\n")
+        f"Command: `{command}`\n\n{where}.\n\n{table(plan.target_accuracy, rows)}\n\n"
+        f"{check(rows)}\n")
     (out_dir / "stragglers.json").write_text(json.dumps(
         {**stamp(command),
          "spec": str(plan.spec_path), "straggler": straggler,
@@ -219,8 +225,8 @@ def run_stragglers(quick: bool, out: str, hosts=None, bandwidths=None, algorithm
     finally:
         print(f"bench: wrote {out_dir / 'stragglers.md'}, {out_dir / 'stragglers.json'} and "
               f"{out_dir / 'stragglers_accuracy.png'}", file=sys.stderr)
-    print(table(plan, rows))
-    print(check(plan, rows))
+    print(table(plan.target_accuracy, rows))
+    print(check(rows))
     return rows
 
 

@@ -401,6 +401,10 @@ def table_of(suite: str, result: dict) -> str:
         from tfdist.tools.bench.collectives import page_table
 
         return page_table(rows)
+    if suite == "stragglers":
+        from tfdist.tools.bench.stragglers import page_table as stragglers_page
+
+        return stragglers_page(result)
     if suite == "pipeline_hosts":
         from tfdist.tools.bench.pipeline_hosts import pipeline_hosts_table
 

@@ -141,11 +141,13 @@ class Chain:
     # -- checkpoints: every replica's copy of per-replica state ---------------------------------
     own_values = staticmethod(own_values)
 
-    def save_replicas(self, owner_variables: Sequence, store) -> None:
+    def save_replicas(self, owner_variables: Sequence, store, sharded: Sequence = ()) -> None:
         """Adds to a Keras variable store (the owner's `save_own_variables`), which holds one
         value per variable (replica 0's), every replica's copy of the per-replica state
-        (error-feedback residuals, DGC buffers, accumulators), as `"<i>.replicas"`."""
-        per_replica = {id(v) for v in self.per_replica_variables()}
+        (error-feedback residuals, DGC buffers, accumulators), as `"<i>.replicas"`. Variables
+        in `sharded` are left out: their owner saves them whole (ZeRO's consolidated shards)."""
+        per_replica = ({id(v) for v in self.per_replica_variables()}
+                       - {id(v) for v in sharded})
         assert self.engine is not None
         for i, var in enumerate(owner_variables):
             copies = self.engine.replica_copies(var)

@@ -107,9 +107,6 @@ class ShardedAccumulation(Accumulation):
         return [self._nonfinite, self._local_nonfinite, *super().variables()] \
             if self.built else []
 
-    def per_replica_variables(self) -> list:
-        return []  # its buffer is a shard: the ZeroOptimizer saves it consolidated
-
     def make_buffers(self, owner, var_list, engine) -> list:
         return [owner.add_variable(shape=(self.zero.plan.shard_size,), dtype="float32",
                                    aggregation="none", initializer="zeros",
@@ -446,7 +443,7 @@ class ZeroOptimizer(DistributedOptimizer):
             copies = self.engine.replica_copies(var)
             store[str(i)] = (self._consolidate([c.numpy() for c in copies]) if id(var) in sharded
                              else copies[0].numpy())
-        self.chain.save_replicas(variables, store)
+        self.chain.save_replicas(variables, store, sharded=self.sharded_variables())
 
     def _load(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}

@@ -3,9 +3,9 @@
 Dense, or through a compressor: tensors large enough are encoded by the compressor, which sees
 every compressed tensor of the exchange at once and states its rounds of communication; the
 transport (`tfdist.comm.reduce_encoded`) packs each round into one collective call. The rest go
-dense, in buckets. The exchange switches
-between phases (a dense start, DGC's sparsity warm-up) and keeps compressor state (residuals,
-PowerSGD's Q, DGC's buffers) as variables of the owner optimizer, so checkpoints carry it.
+dense, in buckets. The exchange switches between phases (a dense start, DGC's sparsity
+warm-up) and keeps compressor state (residuals, PowerSGD's Q, DGC's buffers) as variables of
+the owner optimizer, so checkpoints carry it.
 """
 
 from __future__ import annotations

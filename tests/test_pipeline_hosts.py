@@ -106,9 +106,23 @@ def test_any_error_while_a_worker_is_gone_is_reported_as_that_worker_unavailable
                 raise error(None, None, "Failed to register function remotely due to Socket "
                                         "closed")
         monkeypatch.setattr(cluster, "_connected", addresses[:2])
+        monkeypatch.setattr(cluster, "LOST_PROBE_SECONDS", 0.3)
         with pytest.raises(tf.errors.InternalError, match="^Socket closed$"), \
                 cluster.naming_lost_workers():
             raise tf.errors.InternalError(None, None, "Socket closed")
+
+
+def test_a_worker_still_closing_its_port_when_the_error_comes_is_named(monkeypatch):
+    """A killed worker resets its connections a moment before its port closes: the probe that
+    follows the error may still get in, and the next one does not."""
+    from tfdist.pipeline import cluster
+
+    answers = iter([True, True, False])  # accepts twice more, then its port is gone
+    monkeypatch.setattr(cluster, "_accepts", lambda address: next(answers))
+    monkeypatch.setattr(cluster, "_connected", ["127.0.0.1:1", "127.0.0.1:2"])
+    with pytest.raises(tf.errors.UnavailableError, match=r"Pipeline worker 1 \(127.0.0.1:2\)"), \
+            cluster.naming_lost_workers():
+        raise tf.errors.UnavailableError(None, None, "recvmsg:Connection reset by peer")
 
 
 def _resolver(workers: int, jobs=None):

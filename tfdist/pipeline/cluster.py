@@ -32,6 +32,10 @@ import tensorflow as tf
 __all__ = ["cluster_devices", "naming_lost_workers", "worker_device"]
 
 JOB = "worker"
+# How long a TensorFlow error is checked against the workers before it is taken as TensorFlow's
+# own: a worker killed at this moment may reset its connections before its process has closed
+# the port it serves on (it still accepts for a few milliseconds).
+LOST_PROBE_SECONDS = 3.0
 _connected: list[str] = []  # the workers' addresses, once this process drives a cluster
 
 
@@ -166,7 +170,13 @@ def naming_lost_workers():
     try:
         yield
     except tf.errors.OpError as error:
-        lost = [f"worker {t} ({a})" for t, a in enumerate(_connected) if t and not _accepts(a)]
+        deadline = time.monotonic() + LOST_PROBE_SECONDS
+        while True:
+            lost = [f"worker {t} ({a})" for t, a in enumerate(_connected)
+                    if t and not _accepts(a)]
+            if lost or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if not lost:
             raise
         raise tf.errors.UnavailableError(error.node_def, error.op, (

@@ -438,12 +438,13 @@ class ZeroOptimizer(DistributedOptimizer):
     def _save(self, variables, store):
         """One value per variable (a sharded one consolidated), then every replica's copy of the
         per-replica state in the format every tfdist optimizer uses (`Chain.save_replicas`)."""
-        sharded = {id(v) for v in self.sharded_variables()}
+        sharded_variables = self.sharded_variables()
+        sharded = {id(v) for v in sharded_variables}
         for i, var in enumerate(variables):
             copies = self.engine.replica_copies(var)
             store[str(i)] = (self._consolidate([c.numpy() for c in copies]) if id(var) in sharded
                              else copies[0].numpy())
-        self.chain.save_replicas(variables, store, sharded=self.sharded_variables())
+        self.chain.save_replicas(variables, store, sharded=sharded_variables)
 
     def _load(self, variables, store):
         sharded = {id(v) for v in self.sharded_variables()}

@@ -483,3 +483,60 @@ def tfdist_root() -> str:
     import tfdist
 
     return os.path.dirname(os.path.dirname(os.path.abspath(tfdist.__file__)))
+
+
+@pytest.mark.parametrize("make, kernel", [
+    (lambda: keras.optimizers.Adam(0.01), "ResourceApplyAdam"),
+    (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1), "ResourceApplyAdam"),
+    (lambda: keras.optimizers.SGD(0.1), "ResourceApplyGradientDescent"),
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), "ResourceApplyKerasMomentum"),
+])
+def test_a_fused_update_is_one_kernel_per_variable_on_keras_own_slots(make, kernel):
+    """Keras' slots (`_momentums`, `_velocities`, `momentums`, looked up by
+    `_get_variable_index`) are what the kernel updates: SGD's arithmetic is Keras' to the bit,
+    Adam's to float32 rounding (its kernel computes 1 - beta_1 in float32)."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(2, 64, 32)).astype("float32")
+    grads = rng.normal(size=(3, 2, 64, 32)).astype("float32")
+    runs = []
+    for fused in (False, True):
+        variables = [keras.Variable(w) for w in start]
+        opt = make()
+        if fused:
+            assert _keras_hooks.fuse_update_step(opt) is True
+        assert _keras_hooks.is_fused(opt) is fused
+        opt.build(variables)
+        step = _apply_function(opt, variables)
+        for g in grads:
+            step(tf.constant(g))
+        ops = {op.type for op in step.get_concrete_function(tf.constant(grads[0])).graph
+               .get_operations()}
+        assert (kernel in ops) is fused
+        runs.append([np.asarray(v) for v in [*variables, *opt.variables[2:]]])
+    exact = kernel != "ResourceApplyAdam"
+    for keras_value, fused_value in zip(*runs, strict=True):
+        np.testing.assert_allclose(fused_value, keras_value, rtol=0 if exact else 1e-5,
+                                   atol=0 if exact else 1e-6)
+
+
+def _apply_function(opt, variables):
+    return tf.function(lambda grads: opt.apply(tf.unstack(grads), variables))
+
+
+def test_optimizers_without_a_kernel_and_sparse_gradients_keep_keras_update():
+    for opt in (keras.optimizers.Adam(amsgrad=True), keras.optimizers.Lamb(),
+                keras.optimizers.RMSprop()):
+        assert _keras_hooks.fuse_update_step(opt) is False and not _keras_hooks.is_fused(opt)
+    table = np.arange(12, dtype="float32").reshape(6, 2)
+    rows = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 4]), tf.constant([6, 2]))
+    results = []
+    for fused in (False, True):
+        var = keras.Variable(table)
+        opt = keras.optimizers.Adam(0.1)
+        if fused:
+            _keras_hooks.fuse_update_step(opt)
+        opt.build([var])
+        opt.apply([rows], [var])
+        results.append(np.asarray(var))
+    np.testing.assert_array_equal(results[1], results[0])
+    assert (results[1] != table).sum() == 4  # two rows moved, as Keras moves them

@@ -15,9 +15,12 @@ STEPS, BATCH = 6, 32
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_same_weights_as_plain_mirrored_strategy(mirrored, n, optimizer):
+    """The exchange adds nothing to Keras' arithmetic: with Keras' own update (the fused kernel
+    rounds differently, checked on its own below) the weights are Keras' to 1e-6."""
     plain, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(n), wrap=False,
                             optimizer=optimizer)
-    ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(n), optimizer=optimizer)
+    ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(n), optimizer=optimizer,
+                             fused_update=False)
     common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0, atol=1e-6)
     params = ours.count_params()
     assert opt.communication_rounds == STEPS

@@ -76,7 +76,8 @@ def test_zero3_matches_the_inner_optimizer_step_by_step(mirrored, name):
     """12 steps on 4 replicas: the losses and every weight (BatchNorm statistics included) equal
     the inner optimizer's on the unsharded model; calls and prediction agree too."""
     weights, losses = _reference(mirrored, name)
-    model, zero_losses = _fit(mirrored(4), lambda: ZeroOptimizer(INNER[name](), stage=3))
+    model, zero_losses = _fit(mirrored(4), lambda: ZeroOptimizer(INNER[name](), stage=3,
+                                                                 fused_update=False))
     np.testing.assert_allclose(zero_losses, losses, rtol=1e-5, atol=1e-6)
     common.assert_weights_close(model.get_weights(), weights, rtol=1e-5, atol=1e-6)
     plain = build()
@@ -158,7 +159,8 @@ def test_zero3_under_mixed_bfloat16_matches_adam(mirrored):
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         reference, losses = _fit(mirrored(2), INNER["adam"], steps=5, sharded=False)
-        model, zero_losses = _fit(mirrored(2), lambda: ZeroOptimizer(INNER["adam"](), stage=3),
+        model, zero_losses = _fit(mirrored(2), lambda: ZeroOptimizer(INNER["adam"](), stage=3,
+                                                                     fused_update=False),
                                   steps=5)
     finally:
         keras.config.set_dtype_policy("float32")
@@ -181,7 +183,7 @@ def test_zero3_with_accumulation_and_with_cpu_offload_matches_adam(mirrored):
                                 atol=1e-5)
     weights, losses = _reference(mirrored, "adam", steps=6)
     offloaded, offloaded_losses = _fit(mirrored(4), lambda: ZeroOptimizer(
-        INNER["adam"](), stage=3, offload="cpu"), steps=6)
+        INNER["adam"](), stage=3, offload="cpu", fused_update=False), steps=6)
     np.testing.assert_allclose(offloaded_losses, losses, rtol=1e-5, atol=1e-6)
     common.assert_weights_close(offloaded.get_weights(), weights, rtol=1e-5, atol=1e-6)
     assert all(kinds["param_shard"] == 4 * offloaded.plan.shard_size

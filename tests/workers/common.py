@@ -46,7 +46,8 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         offload = wrapper_kwargs.pop("offload", None)
         if zero_stage:
             opt = tfdist.ZeroOptimizer(make_inner_optimizer(optimizer), stage=zero_stage,
-                                     accumulation_steps=accumulation_steps, offload=offload)
+                                     accumulation_steps=accumulation_steps, offload=offload,
+                                     **wrapper_kwargs)
         else:
             opt = tfdist.DistributedOptimizer(make_inner_optimizer(optimizer),
                                             accumulation_steps=accumulation_steps,
@@ -69,7 +70,7 @@ def train(engine: str, steps: int, global_batch: int, *, strategy=None, wrap: bo
         opt = make_inner_optimizer(optimizer)
         if zero_stage:
             opt = tfdist.ZeroOptimizer(opt, stage=zero_stage, offload=offload,
-                                       accumulation_steps=accumulation_steps)
+                                       accumulation_steps=accumulation_steps, **wrapper_kwargs)
         elif wrap:
             opt = tfdist.DistributedOptimizer(opt, accumulation_steps=accumulation_steps,
                                               **wrapper_kwargs)

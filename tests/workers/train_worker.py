@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -30,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--accumulation-steps", type=int, default=1)
     p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--keras-update", action="store_true",
+                   help="fused_update=False: Keras' own update, compared to the bit")
     p.add_argument("--mismatch-rank", type=int, default=-1,
                    help="this rank builds a wider hidden layer than the others")
     p.add_argument("--timeout", type=float, default=60.0)
@@ -132,6 +135,8 @@ def run(args: argparse.Namespace, strategy=None):
     extra = dict(extra)
     if args.strategy_compressor or args.strategy_local_sgd:
         extra["wrap"] = False
+    if args.keras_update:
+        extra["fused_update"] = False
     if args.local_sgd:
         extra["local_sgd"] = tfdist.averaging.PeriodicSchedule(args.local_sgd, warmup_steps=1)
     if args.levels:
@@ -152,7 +157,12 @@ def run(args: argparse.Namespace, strategy=None):
     if args.checkpoint:  # save_best_only: the ranks' losses differ, rank 0's decides
         checkpoint = tfdist.callbacks.ModelCheckpoint(args.checkpoint, monitor="loss",
                                                       save_best_only=True)
-        extra["callbacks"] = [*extra.get("callbacks", []), checkpoint]
+        # This rank's own temporary directory: what a rank other than the chief leaves there.
+        tempfile.tempdir = os.path.join(args.out, f"tmp-rank{rank}")
+        os.makedirs(tempfile.tempdir, exist_ok=True)
+        listings: list[list[str]] = []  # its contents after each epoch's save, during training
+        extra["callbacks"] = [*extra.get("callbacks", []), checkpoint, keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: listings.append(sorted(os.listdir(tempfile.tempdir))))]
     step_losses: list[float] = []
     epoch_logs: list[dict] = []
     if args.engine == "multi_worker":
@@ -176,8 +186,9 @@ def run(args: argparse.Namespace, strategy=None):
     common.save_weights(model, os.path.join(args.out, f"rank{rank}.npz"))
     stats = tfdist.optimizers.chain_of(opt)  # the wrapper's, or what a strategy attached
     record = {"bytes_sent": stats.bytes_sent, "rounds": stats.communication_rounds}
-    if args.checkpoint:  # where this rank's callback wrote
+    if args.checkpoint:  # where this rank's callback writes, and what it left behind
         record["checkpoint"] = checkpoint.filepath
+        record["temporary_files"] = listings
     if args.engine == "multi_worker":
         record.update(step_losses=step_losses, epoch_logs=epoch_logs)
     if args.auto_exchange:

@@ -22,6 +22,8 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   reroutes its inner optimizer's checkpoint methods; the pipeline places slots).
 * `place_on_variable_devices`: slots, updates and weight decay (`_apply_weight_decay`) on each
   variable's device, for pipeline stages on other devices and hosts.
+* `fuse_update_step`: Adam/AdamW and SGD update each variable in one TensorFlow kernel; reads
+  their slots (`Adam._momentums`, `Adam._velocities`, `SGD.momentums`) by `_get_variable_index`.
 """
 
 from __future__ import annotations
@@ -217,3 +219,66 @@ def place_on_variable_devices(optimizer) -> None:
     replace_method(optimizer, ALL_REDUCE_HOOK, all_reduce_sum_gradients)
     replace_method(optimizer, "_apply_weight_decay", apply_weight_decay)
     replace_method(optimizer, "_tfdist_places_slots", True)
+
+
+def _fusable(optimizer) -> str | None:
+    """Which fused kernel applies Keras' own update of `optimizer`, or None."""
+    numbers = (int, float)
+    if type(optimizer) in (keras.optimizers.Adam, keras.optimizers.AdamW):
+        if optimizer.amsgrad or not all(isinstance(getattr(optimizer, name), numbers)
+                                        for name in ("beta_1", "beta_2", "epsilon")):
+            return None
+        return "adam"
+    if type(optimizer) is keras.optimizers.SGD and isinstance(optimizer.momentum, numbers):
+        return "sgd" if optimizer.momentum == 0 else "momentum"
+    return None
+
+
+def is_fused(optimizer) -> bool:
+    """Whether `fuse_update_step` fused `optimizer`'s update."""
+    return bool(getattr(optimizer, "_tfdist_fused", False))
+
+
+def fuse_update_step(optimizer) -> bool:
+    """Makes `optimizer` (Adam or AdamW without amsgrad, or SGD) update each variable in one
+    TensorFlow kernel (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`,
+    `ResourceApplyGradientDescent`), the same arithmetic as Keras' `update_step` in one pass
+    over the variable instead of about ten ops. Sparse gradients (`IndexedSlices`) and any other
+    optimizer keep Keras' update. Returns whether the update was fused. Replaces `update_step`
+    on the instance (public: Keras' per-variable update), which `place_on_variable_devices`
+    may wrap afterwards."""
+    kind = _fusable(optimizer)
+    if kind is None or is_fused(optimizer):
+        return kind is not None
+    keras_step = optimizer.update_step
+
+    def slot(slots, variable):
+        return slots[variable_index(optimizer, variable)].handle
+
+    def update_step(gradient, variable, learning_rate):
+        if isinstance(gradient, tf.IndexedSlices):
+            return keras_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        lr = tf.cast(learning_rate, dtype)
+        gradient = tf.cast(gradient, dtype)
+        if kind == "adam":
+            local_step = tf.cast(optimizer.iterations + 1, dtype)
+            beta_1 = tf.constant(optimizer.beta_1, dtype)
+            beta_2 = tf.constant(optimizer.beta_2, dtype)
+            tf.raw_ops.ResourceApplyAdam(
+                var=variable.handle, m=slot(optimizer._momentums, variable),
+                v=slot(optimizer._velocities, variable),
+                beta1_power=tf.pow(beta_1, local_step), beta2_power=tf.pow(beta_2, local_step),
+                lr=lr, beta1=beta_1, beta2=beta_2,
+                epsilon=tf.constant(optimizer.epsilon, dtype), grad=gradient)
+        elif kind == "momentum":
+            tf.raw_ops.ResourceApplyKerasMomentum(
+                var=variable.handle, accum=slot(optimizer.momentums, variable), lr=lr,
+                grad=gradient, momentum=tf.constant(optimizer.momentum, dtype),
+                use_nesterov=bool(optimizer.nesterov))
+        else:
+            tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
+
+    replace_method(optimizer, "update_step", update_step)
+    replace_method(optimizer, "_tfdist_fused", True)
+    return True

@@ -27,7 +27,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     every process saves at the same points, so whatever the save gathers across processes (a
     `tfdist.ZeroOptimizer`'s shards of the optimizer state) is gathered, and only the chief
     (worker 0 / rank 0) writes `filepath`; the others write to a temporary directory that is
-    removed at the end of training. With `save_best_only`, every process takes the chief's
+    removed as soon as their save returns. With `save_best_only`, every process takes the chief's
     value of `monitor`, so they agree on when to save. In a single process it is exactly
     `keras.callbacks.ModelCheckpoint`.
 
@@ -48,18 +48,27 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def __init__(self, filepath, *args, **kwargs):
         super().__init__(filepath, *args, **kwargs)
         self.chief_filepath = self.filepath
-        self._scratch: str | None = None
+        self._chief = True
         self._multi_process = False
 
     def set_model(self, model):
         super().set_model(model)
-        chief, self._multi_process = process_role(model)
-        if chief:
+        self._chief, self._multi_process = process_role(model)
+        self.filepath = self.chief_filepath
+
+    def _saving(self, save) -> None:
+        """Runs Keras' hook `save`; a process other than the chief saves into a temporary
+        directory that is gone when the hook returns (or raises)."""
+        if self._chief:
+            save()
+            return
+        scratch = tempfile.mkdtemp(prefix="tfdist-checkpoint-")
+        self.filepath = os.path.join(scratch, os.path.basename(self.chief_filepath))
+        try:
+            save()
+        finally:
             self.filepath = self.chief_filepath
-        else:
-            if self._scratch is None:
-                self._scratch = tempfile.mkdtemp(prefix="tfdist-checkpoint-")
-            self.filepath = os.path.join(self._scratch, os.path.basename(self.chief_filepath))
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _agreed(self, logs):
         """`logs` with the chief's value of the monitored quantity."""
@@ -72,15 +81,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return {**logs, self.monitor: float(chiefs)}
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.save_freq != "epoch":
-            logs = self._agreed(logs)
-        super().on_train_batch_end(batch, logs)
+        if self.save_freq == "epoch":  # Keras saves nothing here
+            super().on_train_batch_end(batch, logs)
+            return
+        logs = self._agreed(logs)
+        self._saving(lambda: super(ModelCheckpoint, self).on_train_batch_end(batch, logs))
 
     def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, self._agreed(logs))
-
-    def on_train_end(self, logs=None):
-        super().on_train_end(logs)
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
+        logs = self._agreed(logs)
+        self._saving(lambda: super(ModelCheckpoint, self).on_epoch_end(epoch, logs))

@@ -445,11 +445,12 @@ def _wrap(job: Job, inner, config: dict):
     opt_cfg = config["optimizer"]
     if opt_cfg["zero_stage"] is None:
         return DistributedOptimizer(inner, *make_parts(config), loss_scale=opt_cfg["loss_scale"],
-                                    nan_policy=opt_cfg["nan_policy"])
+                                    nan_policy=opt_cfg["nan_policy"],
+                                    fused_update=opt_cfg["fused_update"])
     return ZeroOptimizer(inner, stage=opt_cfg["zero_stage"],
                          accumulation_steps=opt_cfg["accumulation_steps"],
-                         offload=make_offload(opt_cfg),
-                         nan_policy=opt_cfg["nan_policy"])
+                         offload=make_offload(opt_cfg), nan_policy=opt_cfg["nan_policy"],
+                         fused_update=opt_cfg["fused_update"])
 
 
 def _compile_plain(model: keras.Model, config: dict[str, Any], job: Job, lr: float) -> None:

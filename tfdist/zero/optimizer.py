@@ -145,6 +145,8 @@ class ZeroOptimizer(DistributedOptimizer):
             `tfdist.zero.Offload` naming the directory and host-memory budget.
         verify_model: Check that every replica builds the same model. Defaults to True.
         engine: As for `tfdist.DistributedOptimizer`; None resolves it when built.
+        fused_update: As for `tfdist.DistributedOptimizer`: each shard's update in one kernel
+            (Adam, AdamW, SGD), offloaded or not. Defaults to True.
         name: Optional name.
 
     Example:
@@ -163,7 +165,8 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
                  offload: Offload | str | dict | None = None, verify_model: bool = True,
-                 nan_policy: str = "raise", engine=None, name: str | None = None):
+                 nan_policy: str = "raise", engine=None, fused_update: bool = True,
+                 name: str | None = None):
         if isinstance(stage, bool) or stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}. Received: stage={stage!r}")
         _check_inner(inner_optimizer)
@@ -175,7 +178,8 @@ class ZeroOptimizer(DistributedOptimizer):
             parts.insert(0, ShardedAccumulation(self, accumulation_steps) if stage == 2
                          else Accumulation(accumulation_steps))  # stage 3: already shards
         super().__init__(inner_optimizer, *parts, loss_scale=None, verify_model=verify_model,
-                         nan_policy=nan_policy, engine=engine, name=name)
+                         nan_policy=nan_policy, engine=engine, fused_update=fused_update,
+                         name=name)
         self.stage = stage
         self.offload = offload
 
@@ -463,7 +467,8 @@ class ZeroOptimizer(DistributedOptimizer):
                 "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "stage": self.stage, "accumulation_steps": self.accumulation_steps,
                 "offload": None if self.offload is None else self.offload.get_config(),
-                "verify_model": self.verify_model, "nan_policy": self.nan_policy}
+                "verify_model": self.verify_model, "nan_policy": self.nan_policy,
+                "fused_update": self.fused_update}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

@@ -158,9 +158,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`, `ResourceApplyGradientDescent`)
             when it is an `Adam` or `AdamW` without amsgrad, or an `SGD`: Keras' arithmetic in
             one pass over the variable instead of about ten ops (measured: the overhead benchmark).
-            Results differ from Keras' update by float32 rounding only (about 1e-6). Other
-            optimizers, and sparse gradients, keep Keras' update. False keeps Keras' update
-            for all. Defaults to True.
+            SGD's result is Keras' to the bit; Adam's step differs from Keras' by float32
+            rounding (about 1e-6), which training then carries on as any rounding difference.
+            Other optimizers, and sparse gradients, keep Keras' update. False keeps Keras'
+            update for all. Defaults to True.
         name: Optional name.
 
     Example:

@@ -540,3 +540,45 @@ def test_optimizers_without_a_kernel_and_sparse_gradients_keep_keras_update():
         results.append(np.asarray(var))
     np.testing.assert_array_equal(results[1], results[0])
     assert (results[1] != table).sum() == 4  # two rows moved, as Keras moves them
+
+
+KERAS_GALLERIES = """
+import sys
+import numpy as np
+import tfdist
+import keras
+from keras.src.visualization import plot_bounding_box_gallery, plot_image_gallery
+
+print("matplotlib" in sys.modules, "keras" in sys.modules)
+keras.visualization.plot_image_gallery(np.zeros((2, 8, 8, 3)), value_range=(0, 1),
+                                       path=sys.argv[1])
+import matplotlib.patches
+print("matplotlib.pyplot" in sys.modules,
+      plot_bounding_box_gallery.patches.Patch is matplotlib.patches.Patch)
+"""
+
+
+def test_keras_loads_without_matplotlib_and_its_galleries_import_it_on_first_use(tmp_path):
+    """`import tfdist` loads Keras with matplotlib hidden; Keras' galleries still draw."""
+    import subprocess
+    import sys
+
+    from tests.conftest import worker_env
+
+    out = subprocess.run([sys.executable, "-c", KERAS_GALLERIES, str(tmp_path / "gallery.png")],
+                         capture_output=True, text=True, env=worker_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "True", "True", "True"], out.stdout
+    assert (tmp_path / "gallery.png").stat().st_size > 0
+
+
+def test_a_process_that_loaded_keras_first_keeps_its_matplotlib():
+    from keras.src.visualization import plot_image_gallery
+
+    from tfdist._hooks.imports import matplotlib_on_first_use
+
+    before = plot_image_gallery.plt
+    with matplotlib_on_first_use():
+        import tensorflow  # noqa: F401
+    assert plot_image_gallery.plt is before
+    assert type(before).__name__ == "module"  # this process imported Keras before tfdist

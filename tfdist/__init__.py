@@ -57,6 +57,10 @@ _NAMES = {"quiet": "logs", "DistributedOptimizer": "optimizers", "GradientExchan
 
 
 def _import_library() -> None:
+    from tfdist._hooks.imports import matplotlib_on_first_use
+
+    with matplotlib_on_first_use():  # Keras' galleries would load it: a second of start-up
+        import tensorflow  # noqa: F401
     for name in _SUBMODULES:
         globals()[name] = importlib.import_module(f"tfdist.{name}")
     for name, module in _NAMES.items():

@@ -62,9 +62,11 @@ def loading_quietly():
     and the lines its libraries print while they load (before any level applies) silenced; then
     `quiet()` once it is loaded. The `tfdist` command wraps its config check in it (which loads
     TensorFlow only when the config gets past the schema) and its commands' start."""
+    from tfdist._hooks.imports import matplotlib_on_first_use
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
-        with silenced_stderr():
+        with silenced_stderr(), matplotlib_on_first_use():
             yield
     finally:
         if "tensorflow" in sys.modules:

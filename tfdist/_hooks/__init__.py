@@ -13,4 +13,5 @@ keras 3.15.x.
   own variables, nested layers, symbolic shape inference, the autocast scope, uncast reads).
 * `graphs`: the gradient registry (custom gradients that TensorFlow registers while tracing and
   never drops, released after a block of work).
+* `imports`: Keras' import of matplotlib (loaded on first use instead of at every start-up).
 """

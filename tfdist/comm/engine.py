@@ -150,14 +150,15 @@ class Engine(abc.ABC):
         return replica_copies(variable)
 
     def verify_same_model(self, variables) -> None:
-        """Raises the same clear error on every worker if the workers' models differ."""
-        if self.world_size > 1:
+        """Raises the same clear error on every worker if the workers' models differ. One
+        process's replicas build one model: only processes are compared."""
+        if self.multi_process:
             verify_same_model(variables, self.communicator(), run=self._run_collective)
 
     def verify_same_setup(self, setup: dict[str, int | str]) -> None:
         """Raises the same clear error on every worker if the workers' `setup` values differ
-        (`tfdist.comm.verify_same_setup`)."""
-        if self.world_size > 1:
+        (`tfdist.comm.verify_same_setup`); only processes are compared."""
+        if self.multi_process:
             verify_same_setup(setup, self.communicator(), run=self._run_collective)
 
     def _run_collective(self, fn: Callable[[], tf.Tensor]) -> tf.Tensor:

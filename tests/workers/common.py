@@ -5,13 +5,13 @@ embedded digits set; only how the batch is split over replicas differs. So the f
 agree across engines up to floating-point summation order.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 (tfdist first, as the docs advise)
 
+import tfdist  # TensorFlow then loads without matplotlib (tfdist._hooks.imports)
 import keras
 import numpy as np
 import tensorflow as tf
 
-import tfdist
 from tfdist.data import distribute, global_batches, load_digits, shard_batches
 from tfdist.tools.models import build_model  # noqa: F401 (re-exported for workers)
 

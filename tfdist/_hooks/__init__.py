@@ -13,5 +13,6 @@ keras 3.15.x.
   own variables, nested layers, symbolic shape inference, the autocast scope, uncast reads).
 * `graphs`: the gradient registry (custom gradients that TensorFlow registers while tracing and
   never drops, released after a block of work).
+* `coordination`: the coordination service's key-value store of a multi-worker job.
 * `imports`: Keras' import of matplotlib (loaded on first use instead of at every start-up).
 """

@@ -582,3 +582,21 @@ def test_a_process_that_loaded_keras_first_keeps_its_matplotlib():
         import tensorflow  # noqa: F401
     assert plot_image_gallery.plt is before
     assert type(before).__name__ == "module"  # this process imported Keras before tfdist
+
+
+def test_matplotlib_is_hidden_from_kerass_galleries_only():
+    """While the hook is installed, only the two Keras modules are refused matplotlib (a user's
+    module that the same block imports gets it)."""
+    from tfdist._hooks.imports import _Hidden
+
+    hidden = _Hidden()
+    probe = "spec = hidden.find_spec('matplotlib.pyplot')"
+    for module in ("keras.src.visualization.plot_image_gallery",
+                   "keras.src.visualization.plot_bounding_box_gallery"):
+        with pytest.raises(ModuleNotFoundError, match="imported on first use"):
+            exec(probe, {"__name__": module, "hidden": hidden})
+    mine = {"__name__": "mine", "hidden": hidden}
+    exec(probe, mine)
+    assert mine["spec"] is None  # the next finder finds it, as without the hook
+    assert hidden.find_spec("numpy") is None
+

@@ -6,10 +6,10 @@ Where matplotlib is installed (the `tools` extra), that is about a second of eve
 start-up, for functions training never calls: `import tfdist` took 5.7 s of CPU against 4.5 s
 with matplotlib hidden, on the 2-core test machine.
 
-tfdist imports TensorFlow (hence Keras) with matplotlib hidden, then gives those two Keras
-modules stand-ins that import matplotlib when first used: the galleries work as before, and a
-program that imports matplotlib gets it as usual. A process that loaded Keras or matplotlib
-before tfdist is left as it is. Covered by tests/test_hooks.py.
+tfdist imports TensorFlow (hence Keras) with matplotlib hidden from those two Keras modules
+(from them only), then gives them stand-ins that import matplotlib when first used: the
+galleries work as before, and a program that imports matplotlib gets it as usual. A process
+that loaded Keras or matplotlib before tfdist is left as it is. Covered by tests/test_hooks.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.util
 import sys
 from collections.abc import Iterator
+from types import FrameType
 
 # Keras module -> (its name for a matplotlib module, that module)
 _KERAS_USERS = {
@@ -29,12 +30,24 @@ _KERAS_USERS = {
 
 
 class _Hidden(importlib.abc.MetaPathFinder):
-    """Refuses matplotlib while installed: Keras' `except ImportError` then takes over."""
+    """Refuses matplotlib to those Keras modules while installed (their `except ImportError`
+    then takes over); any other module importing it meanwhile gets it as usual."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "matplotlib" or name.startswith("matplotlib."):
+        if (name == "matplotlib" or name.startswith("matplotlib.")) and _keras_user_importing():
             raise ModuleNotFoundError(f"{name} is imported on first use", name=name)
         return None
+
+
+def _keras_user_importing() -> bool:
+    """Whether one of `_KERAS_USERS` is running its imports (a frame of its module body is on
+    this thread's stack)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _KERAS_USERS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _OnFirstUse:

@@ -599,4 +599,3 @@ def test_matplotlib_is_hidden_from_kerass_galleries_only():
     exec(probe, mine)
     assert mine["spec"] is None  # the next finder finds it, as without the hook
     assert hidden.find_spec("numpy") is None
-

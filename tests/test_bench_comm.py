@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import horovod_available
 from tests.test_emulated import needs_netns
 from tfdist.tools import emulated
-from tfdist.tools.bench.comm import LIMIT, auto_check, load_plan, run_comm
+from tfdist.tools.bench.comm import LIMIT, auto_check, load_plan, page_table, run_comm
 from tfdist.tools.config import ConfigError
 
 SPEC = """
@@ -115,6 +115,8 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     assert saved["failures"] == [] and len(saved["rows"]) == len(by)
     assert saved["date"] and "TensorFlow" in saved["machine"]  # what a benchmark page names
     assert "| 2 | 1gbit | PowerSGD |" in (out / "comm.md").read_text()
+    # A benchmark page shows the same table, read back from the JSON alone.
+    assert page_table(saved) in (out / "comm.md").read_text()
     assert by["powersgd"]["collectives_per_step"] == 3.0  # P's, Q's, the dense rest
     assert by["dense_keras"]["collectives_per_step"] == 1.0
     picks = (out / "decisions.md").read_text()

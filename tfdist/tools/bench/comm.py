@@ -361,12 +361,17 @@ def _fmt_time(t: float | None) -> str:
     return "not reached" if t is None else f"{t:.1f}"
 
 
-def table(plan: Plan, rows: list[dict]) -> str:
-    lines = [f"| hosts | link | algorithm | time to {plan.target_accuracy:.0%} (s) | speed-up vs "
+def page_table(result: dict) -> str:
+    """The benchmark page's table, from the suite's JSON (what `write` saved)."""
+    return table(result["target_accuracy"], result["baseline"], result["rows"])
+
+
+def table(target_accuracy: float, baseline: str, rows: list[dict]) -> str:
+    """One row per run; ratios against the run of algorithm `baseline` on the same cluster."""
+    lines = [f"| hosts | link | algorithm | time to {target_accuracy:.0%} (s) | speed-up vs "
              "baseline | final accuracy | vs baseline (pt) | bytes/step/worker | wire bytes/step/"
              "host | collectives/step | step time (ms) | step time vs baseline |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    baseline = plan.algorithms[0].key
     base = {(r["hosts"], r["bandwidth"]): r for r in rows if r["algorithm"] == baseline}
     for r in rows:
         b = base.get((r["hosts"], r["bandwidth"]))
@@ -502,7 +507,7 @@ def auto_check(plan: Plan, rows: list[dict]) -> str:
 
 def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
           command: str) -> None:
-    text = table(plan, rows)
+    text = table(plan.target_accuracy, plan.algorithms[0].key, rows)
     (out_dir / "comm.md").write_text(f"Command: `{command}`\n\n{text}\n")
     picks = decisions(plan, rows)
     (out_dir / "decisions.md").write_text(
@@ -517,7 +522,8 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
                     f"{auto}\n")
     meta: dict[str, Any] = {
         **stamp(command), "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
-        "job": plan.job, "delay": plan.delay, "failures": failures, "rows": rows}
+        "baseline": plan.algorithms[0].key, "job": plan.job, "delay": plan.delay,
+        "failures": failures, "rows": rows}
     (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
     if rows:
         plots(plan, rows, out_dir)
@@ -541,7 +547,7 @@ def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
           f"{params['name']} {params['hidden']}, target accuracy {plan.target_accuracy}",
           flush=True)
     rows = run(plan, out_dir, command)
-    print(table(plan, rows))
+    print(table(plan.target_accuracy, plan.algorithms[0].key, rows))
     print(f"bench: wrote {out_dir / 'comm.md'}, {out_dir / 'comm.json'} and the plots "
           f"comm_*.png in {out_dir}")
     return rows

@@ -397,6 +397,10 @@ def table_of(suite: str, result: dict) -> str:
         from tfdist.tools.bench.overhead import overhead_table
 
         return overhead_table(rows, result["steps"], result["repeats"])
+    if suite == "comm":
+        from tfdist.tools.bench.comm import page_table as comm_page
+
+        return comm_page(result)
     if suite == "collectives":
         from tfdist.tools.bench.collectives import page_table
 

@@ -65,6 +65,11 @@ class Plan:
     configs: dict[tuple[int, str], dict] = field(default_factory=dict)  # (hosts, key) -> config
 
     @property
+    def baseline(self) -> str:
+        """The algorithm every ratio is taken against: the spec's first."""
+        return self.algorithms[0].key
+
+    @property
     def runs(self) -> int:
         return len(self.hosts) * len(self.bandwidths) * (len(self.algorithms) + 1)
 
@@ -456,7 +461,7 @@ def decisions(plan: Plan, rows: list[dict]) -> str:
     final accuracy (the one-tensor-at-a-time rows and the limit are not candidates)."""
     lines = [f"| hosts | link | model (parameters) | pick | time to {plan.target_accuracy:.0%} "
              "vs dense all-reduce | runner-up |", "|---:|---|---:|---|---:|---|"]
-    baseline = plan.algorithms[0].key
+    baseline = plan.baseline
     for (hosts, link) in sorted({(r["hosts"], r["bandwidth"]) for r in rows},
                                 key=lambda k: (k[0], emulated.parse_bandwidth(k[1]))):
         here = [r for r in rows if (r["hosts"], r["bandwidth"]) == (hosts, link)]
@@ -491,7 +496,7 @@ def auto_check(plan: Plan, rows: list[dict]) -> str:
         here = [x for x in rows if (x["hosts"], x["bandwidth"]) == (r["hosts"], r["bandwidth"])
                 and x["algorithm"] not in (LIMIT, AUTO) and x["time_to_target_s"]]
         fastest = min(here, key=lambda x: x["time_to_target_s"], default=None)
-        dense = next((x for key in ("dense", plan.algorithms[0].key) for x in here
+        dense = next((x for key in ("dense", plan.baseline) for x in here
                       if x["algorithm"] == key), None)
 
         def ratio(other, mine=r["time_to_target_s"]):
@@ -507,7 +512,7 @@ def auto_check(plan: Plan, rows: list[dict]) -> str:
 
 def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
           command: str) -> None:
-    text = table(plan.target_accuracy, plan.algorithms[0].key, rows)
+    text = table(plan.target_accuracy, plan.baseline, rows)
     (out_dir / "comm.md").write_text(f"Command: `{command}`\n\n{text}\n")
     picks = decisions(plan, rows)
     (out_dir / "decisions.md").write_text(
@@ -522,7 +527,7 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
                     f"{auto}\n")
     meta: dict[str, Any] = {
         **stamp(command), "spec": str(plan.spec_path), "target_accuracy": plan.target_accuracy,
-        "baseline": plan.algorithms[0].key, "job": plan.job, "delay": plan.delay,
+        "baseline": plan.baseline, "job": plan.job, "delay": plan.delay,
         "failures": failures, "rows": rows}
     (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
     if rows:
@@ -541,13 +546,13 @@ def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
         if value is not None:
             command += f" --{flag} {','.join(map(str, value))}"
     command += "".join(f' --set "{override}"' for override in job or [])
-    params = plan.configs[(plan.hosts[0], plan.algorithms[0].key)]["model"]
+    params = plan.configs[(plan.hosts[0], plan.baseline)]["model"]
     print(f"bench: comm: {len(plan.algorithms)} algorithms + the zero-communication limit on "
           f"{plan.hosts} hosts x {plan.bandwidths} links ({plan.runs} runs); model "
           f"{params['name']} {params['hidden']}, target accuracy {plan.target_accuracy}",
           flush=True)
     rows = run(plan, out_dir, command)
-    print(table(plan.target_accuracy, plan.algorithms[0].key, rows))
+    print(table(plan.target_accuracy, plan.baseline, rows))
     print(f"bench: wrote {out_dir / 'comm.md'}, {out_dir / 'comm.json'} and the plots "
           f"comm_*.png in {out_dir}")
     return rows

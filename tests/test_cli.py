@@ -179,6 +179,18 @@ def test_info_lists_versions_and_engines():
     info = json.loads(out.stdout[out.stdout.index("{"):])
     assert info["tensorflow"].startswith("2.21") and info["keras"].startswith("3.15")
     assert info["engines"]["horovod"] == horovod_available()
+    advice = info["engine_for_several_hosts"]  # no GPU here
+    assert advice["name"] == ("horovod" if horovod_available() else "multi_worker")
+    assert "collectives" in advice["why"]
+
+
+def test_the_engine_advice_follows_the_devices_and_the_horovod_build():
+    from tfdist.tools.cli import engine_advice
+
+    assert engine_advice(gpus=False, gloo=True)["name"] == "horovod"
+    assert engine_advice(gpus=False, gloo=False)["name"] == "multi_worker"
+    assert "build_horovod" in engine_advice(gpus=False, gloo=False)["why"]
+    assert engine_advice(gpus=True, gloo=True)["name"] == "multi_worker"
 
 
 USER_MODULE = """

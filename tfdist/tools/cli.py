@@ -280,8 +280,32 @@ def cmd_info(args) -> int:
 
         info["horovod"] = {"version": horovod.__version__, "gloo": bool(hvd.gloo_built()),
                            "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}
+    info["engine_for_several_hosts"] = engine_advice(
+        gpus=bool(info["devices"]["GPU"]),
+        gloo=bool(info.get("horovod", {}).get("gloo")))
     print(json.dumps(info, indent=2))
     return 0
+
+
+COLLECTIVES_PAGE = "docs/benchmarks/collectives.md"
+
+
+def engine_advice(gpus: bool, gloo: bool) -> dict[str, str]:
+    """The engine.name `tfdist info` suggests for jobs on several hosts, and why: on CPU hosts
+    Horovod's Gloo all-reduce is several times faster than tf.distribute's gRPC ring (measured by
+    `tfdist bench --suite collectives`); on GPUs both engines reduce with NCCL and tfdist has
+    not measured one against the other."""
+    if gpus:
+        return {"name": "multi_worker", "why": "GPUs: tf.distribute and Horovod both reduce with "
+                "NCCL; tfdist has not measured one against the other, so tf.distribute, which "
+                "needs no build"}
+    if gloo:
+        return {"name": "horovod", "why": "CPU hosts: Horovod's Gloo all-reduce is several "
+                f"times faster than tf.distribute's gRPC ring ({COLLECTIVES_PAGE}; measure "
+                "yours with `tfdist bench --suite collectives`)"}
+    return {"name": "multi_worker", "why": "CPU hosts without Horovod: tf.distribute's gRPC "
+            "ring; Horovod's Gloo is several times faster for the dense exchange "
+            f"({COLLECTIVES_PAGE}): build it with launch/build_horovod.sh"}
 
 
 def cmd_bench(args) -> int:

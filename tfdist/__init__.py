@@ -41,6 +41,7 @@ __all__ = [
     "devices",
     "optimizers",
     "pipeline",
+    "plan",
     "quiet",
     "ps",
     "tensor_parallel",
@@ -49,7 +50,7 @@ __all__ = [
 
 
 _SUBMODULES = ("averaging", "callbacks", "comm", "compression", "data", "devices", "optimizers",
-               "pipeline", "ps", "tensor_parallel", "zero")
+               "pipeline", "plan", "ps", "tensor_parallel", "zero")
 _NAMES = {"quiet": "logs", "DistributedOptimizer": "optimizers", "GradientExchange": "optimizers",
           "ZeroOptimizer": "zero", "CompressedStrategy": "strategies",
           "LocalSGDStrategy": "strategies", "MultiWorkerCompressedStrategy": "strategies",

@@ -35,28 +35,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist.plan.costs import ring_bytes
+
 REDUCE_OPS = ("sum", "mean")
-
-
-def ring_bytes(kind: str, payload_bytes: float, world_size: int) -> float:
-    """Bytes one worker sends for a collective under ring algorithms (see module docstring).
-
-    Example:
-        ```python
-        # a ring all-reduce of 1,000 bytes over 4 workers: each sends 2 x 3/4 of it
-        assert tfdist.comm.ring_bytes("all_reduce", 1000, 4) == 1500
-        ```
-    """
-    n = world_size
-    if n <= 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n * payload_bytes
-    if kind in ("reduce_scatter", "broadcast"):
-        return (n - 1) / n * payload_bytes
-    if kind == "all_gather":
-        return float(n - 1) * payload_bytes
-    raise ValueError(f"Unknown collective kind: {kind!r}.")
 
 
 def payload_nbytes(tensors: Sequence[tf.Tensor]):

@@ -28,7 +28,6 @@ named by its import path (`"my_codecs:Mine"`, `tfdist.registry`);
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,11 +38,6 @@ from tfdist.registry import Registry
 
 Payload = tuple[tf.Tensor, ...]
 State = dict[str, tf.Tensor]
-
-
-def num_kept(n: int, ratio: float) -> int:
-    """How many of n elements a sparsifier with `ratio` keeps (at least one)."""
-    return max(1, min(n, math.ceil(ratio * n)))
 
 
 def xla(fn):

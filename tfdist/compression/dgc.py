@@ -12,8 +12,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.arguments import check_int, check_number, check_ratio
-from tfdist.compression.base import Compressor, num_kept, register
+from tfdist.compression.base import Compressor, register
 from tfdist.compression.topk import SparsePayload, largest, scatter
+from tfdist.plan.costs import num_kept
 
 
 @register("dgc")

@@ -15,16 +15,7 @@ import tensorflow as tf
 from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.comm.transport import Sum
 from tfdist.compression.base import Compressor, register, stateless_seed
-
-
-def matrix_shape(shape) -> tuple[int, int]:
-    """Keras kernels keep the output dimension last ([kh, kw, in, out], [in, out]): the matrix is
-    [everything else, out]."""
-    dims = [int(d) for d in shape]
-    rows = 1
-    for d in dims[:-1]:
-        rows *= d
-    return rows, dims[-1]
+from tfdist.plan.costs import matrix_shape, powersgd_rank
 
 
 def orthogonalize(p: tf.Tensor, eps: float = 1e-8) -> tf.Tensor:
@@ -70,11 +61,7 @@ class PowerSGD(Compressor):
         self.eps = check_number("eps", eps, 0, 1, low_open=True)
 
     def applies_to(self, shape):
-        if len(shape) < 2:
-            return False
-        n, m = matrix_shape(shape)
-        r = min(self.rank, n, m)
-        return n * m > self.min_compression_rate * (n + m) * r
+        return powersgd_rank(shape, self.rank, self.min_compression_rate) > 0
 
     def _r(self, shape):
         n, m = matrix_shape(shape)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.arguments import check_bool, check_int, check_ratio
-from tfdist.compression.base import Compressor, num_kept, register
+from tfdist.compression.base import Compressor, register
 from tfdist.compression.topk import scatter, subtract_sparse
+from tfdist.plan.costs import num_kept
 
 
 @register("randomk")

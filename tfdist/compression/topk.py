@@ -10,7 +10,8 @@ import math
 import tensorflow as tf
 
 from tfdist.arguments import check_ratio
-from tfdist.compression.base import Compressor, num_kept, register
+from tfdist.compression.base import Compressor, register
+from tfdist.plan.costs import num_kept
 
 # Below these sizes a full selection is as cheap as the sampled one.
 _SAMPLED_MIN_SIZE = 1 << 16

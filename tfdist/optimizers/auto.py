@@ -51,6 +51,7 @@ from tfdist.comm import ByteCounter, ring_bytes
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.exchange import DEFAULT_BUCKET_BYTES, GradientExchange
 from tfdist.optimizers.parts import Part, register
+from tfdist.plan.costs import STEPS_FACTORS, link_seconds
 
 PROBE_LINK, PROBING, DECIDED = 0, 1, 2
 INF = np.float64(np.inf)
@@ -99,9 +100,9 @@ class Candidate:
 
 # Tried in this order: the least bytes first, so a slow link never runs the expensive ones.
 DEFAULT_CANDIDATES = (
-    Candidate("powersgd", {"name": "powersgd", "rank": 2}, 2.0),
-    Candidate("fp16", "fp16", 1.0),
-    Candidate("dense", None, 1.0),
+    Candidate("powersgd", {"name": "powersgd", "rank": 2}, STEPS_FACTORS["powersgd:2"]),
+    Candidate("fp16", "fp16", STEPS_FACTORS["fp16"]),
+    Candidate("dense", None, STEPS_FACTORS["dense"]),
 )
 
 
@@ -200,7 +201,7 @@ def estimates(step_s, exchange_s, link, calls, wire_bytes, factors, periods=None
     measured = tf.math.is_finite(step_s)
     compute = tf.reduce_min(tf.where(measured, step_s - exchange_s, INF))
     compute = tf.where(tf.math.is_finite(compute), tf.maximum(compute, 0.0), 0.0)
-    link_s = (calls * link[0] + wire_bytes * link[1]) / periods
+    link_s = link_seconds(calls, wire_bytes, link[0], link[1]) / periods
     model = compute + link_s
     step = tf.where(measured, step_s + tf.where(periods > 1, link_s, 0.0), model)
     return step, step * factors

@@ -20,8 +20,7 @@ from tfdist.comm import bucketed_all_reduce, reduce_encoded
 from tfdist.comm.holes import Holes
 from tfdist.optimizers.nan_policy import all_finite
 from tfdist.optimizers.parts import Part, register
-
-DEFAULT_BUCKET_BYTES = 25 * 2**20  # measured: README, "Overlapping the all-reduce"
+from tfdist.plan.costs import DEFAULT_BUCKET_BYTES, MIN_COMPRESS_SIZE, compresses
 
 
 @register("GradientExchange")
@@ -57,7 +56,8 @@ class GradientExchange(Part):
 
     reduces = True
 
-    def __init__(self, compressor=None, min_compress_size: int = 1024, compress_1d: bool = False,
+    def __init__(self, compressor=None, min_compress_size: int = MIN_COMPRESS_SIZE,
+                 compress_1d: bool = False,
                  start_step: int = 0, batched: bool = True,
                  bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
         self.min_compress_size = check_int("min_compress_size", min_compress_size, 0)
@@ -91,8 +91,7 @@ class GradientExchange(Part):
     def should_compress(self, var) -> bool:
         shape = tf.TensorShape(var.shape)
         return (self.compressor is not None
-                and shape.num_elements() >= self.min_compress_size
-                and (shape.rank >= 2 or self.compress_1d)
+                and compresses(shape.as_list(), self.min_compress_size, self.compress_1d)
                 and self.compressor.applies_to(shape))
 
     def _phases(self) -> list[tuple[int, Any]]:

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.compression import Compressor
+from tfdist.plan.costs import MIN_COMPRESS_SIZE
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Codec:
         return sum(int(np.prod(s.shape)) * s.dtype.size for s in self.specs)
 
 
-MIN_SIZE = 1024  # the all-reduce exchange's default `min_compress_size`
+MIN_SIZE = MIN_COMPRESS_SIZE  # the all-reduce exchange's default `min_compress_size`
 
 
 def codec_for(compressor: Compressor | None, shape, dtype, seed: int = 0,

@@ -3,6 +3,7 @@
     tfdist train [--config configs/default.yaml] [--set section.key=value ...] [--verbose]
     tfdist bench --suite SUITE [--quick] [--out DIR] ...
     tfdist info
+    tfdist plan [--config PATH] [--parameters N --compute-ms MS] --workers N,... --link RATE ...
 
 Help (`tfdist --help`, `tfdist <command> --help`) comes from the parser alone: nothing here
 imports TensorFlow before a command runs (see `tfdist/__init__.py` for the package side).
@@ -12,6 +13,7 @@ TensorFlow's logs and known-harmless warnings are silenced unless `--verbose`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +24,8 @@ COMMANDS = {
              "bytes sent, keeps each run in its own directory",
     "bench": "run a benchmark suite and write its table (Markdown), JSON and plots",
     "info": "versions, devices and the engines available here (Horovod: Gloo/MPI/NCCL)",
+    "plan": "predict each algorithm's step time, bytes and memory per device on a cluster of "
+            "8 to 1,024 workers, and recommend one",
 }
 SUITES = {
     "engines": "step time of the tfdist engines against plain Keras + MirroredStrategy on one "
@@ -117,6 +121,55 @@ def build_parser() -> argparse.ArgumentParser:
                             "--set model.hidden=[256,256]")
 
     sub.add_parser("info", help=COMMANDS["info"], description=COMMANDS["info"] + ".")
+
+    from tfdist.plan import DEFAULT_ALGORITHMS, SPEC_HELP
+
+    plan = sub.add_parser("plan", parents=[verbose], help=COMMANDS["plan"],
+                          description=COMMANDS["plan"] + ". The model is the config's (or "
+                          "--model-file, or --parameters); its compute step is --compute-ms, "
+                          "or measured here on one device. With --parameters and --compute-ms "
+                          "it is arithmetic alone: TensorFlow does not load.")
+    plan.add_argument("--config", default=None, metavar="PATH",
+                      help="the config whose model, data shape, optimizer and batch size are "
+                           "planned (default: configs/default.yaml where it exists, else the "
+                           "built-in defaults)")
+    plan.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="override a config value (repeatable), e.g. --set "
+                           "model.name=mine:build")
+    plan.add_argument("--model-file", metavar="PATH", help="a saved .keras model instead")
+    plan.add_argument("--parameters", type=int, metavar="N",
+                      help="a model known by its parameter count alone (with --compute-ms)")
+    plan.add_argument("--compute-ms", type=float, metavar="MS",
+                      help="one worker's step with no exchange, in ms (default: measured here "
+                           "on one device at the config's batch size)")
+    plan.add_argument("--batch", type=int, metavar="N",
+                      help="examples per worker when measuring (default: the config's "
+                           "data.global_batch_size; 32 for --model-file)")
+    plan.add_argument("--optimizer-slots", type=int, metavar="K",
+                      help="optimizer state per parameter (Adam 2, momentum 1, SGD 0; "
+                           "default: counted on the config's optimizer, 2 with --parameters)")
+    plan.add_argument("--workers", type=_list, default=["8", "64", "1024"], metavar="N,...",
+                      help="worker counts (default: 8,64,1024)")
+    plan.add_argument("--per-host", type=int, default=1, metavar="G",
+                      help="workers per host, sharing its link (default: 1)")
+    plan.add_argument("--link", default="10gbit", metavar="RATE",
+                      help="each host's network link, e.g. 25gbit (default: %(default)s)")
+    plan.add_argument("--latency-us", type=float, default=0.0, metavar="US",
+                      help="one-way latency of the links in microseconds (default: 0)")
+    plan.add_argument("--intra", metavar="RATE",
+                      help="the link between workers of one host, e.g. 300gbit (default: "
+                           "--link)")
+    plan.add_argument("--engine", choices=["tf.distribute", "horovod"],
+                      default="tf.distribute", help="default: %(default)s")
+    plan.add_argument("--device-memory", metavar="SIZE",
+                      help="one device's memory, e.g. 24GB: what needs more is not recommended")
+    plan.add_argument("--algorithms", type=_list, metavar="SPEC,...",
+                      help=f"{SPEC_HELP} (default: {','.join(DEFAULT_ALGORITHMS)})")
+    plan.add_argument("--calibrate", metavar="DIR",
+                      help="add the engine's and compressors' own costs measured by `tfdist "
+                           "bench --suite collectives` and `--suite compressors` (their "
+                           "JSON in DIR, e.g. docs/benchmarks/data)")
+    plan.add_argument("--json", metavar="PATH", help="also write the plans as JSON")
     return parser
 
 
@@ -136,8 +189,6 @@ def _version() -> str:
 def loading(verbose: bool):
     """A block that may load TensorFlow: its loading lines, logs and known-harmless warnings
     silenced unless `verbose` (`tfdist.logs.loading_quietly`)."""
-    import contextlib
-
     from tfdist.logs import loading_quietly
 
     return contextlib.nullcontext() if verbose else loading_quietly()
@@ -346,6 +397,30 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from tfdist.tools import planning
+    from tfdist.tools.config import ConfigError, load_config
+
+    config = None
+    arithmetic = args.parameters is not None and args.compute_ms is not None
+    try:
+        planning.check(args)
+        with contextlib.nullcontext() if arithmetic else loading(args.verbose):
+            if args.parameters is None and not args.model_file:
+                path = args.config
+                if path is None and os.path.isfile(os.path.join("configs", "default.yaml")):
+                    path = os.path.join("configs", "default.yaml")
+                config = load_config(path, args.set)  # the schema first, as for train
+            results, how = planning.plans(args, config)
+    except (ConfigError, ValueError) as e:
+        print(f"tfdist plan: {e}", file=sys.stderr)
+        return 2
+    planning.report(results, how)
+    if args.json:
+        planning.write_json(results, how, args.json)
+    return 0
+
+
 TOOLS_EXTRA = "pip install 'tfdist[tools]'"  # PyYAML (configs) and matplotlib (plots)
 
 
@@ -357,10 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfdist: the command reads YAML configs and needs PyYAML: {TOOLS_EXTRA} "
               "(launch/setup.sh installs it)", file=sys.stderr)
         return 2
-    if args.command != "train":
+    if args.command not in ("train", "plan"):
         with loading(getattr(args, "verbose", False)):
             import tensorflow  # noqa: F401
-    return {"train": cmd_train, "bench": cmd_bench, "info": cmd_info}[args.command](args)
+    return {"train": cmd_train, "bench": cmd_bench, "info": cmd_info,
+            "plan": cmd_plan}[args.command](args)
 
 
 def run() -> None:

@@ -459,11 +459,12 @@ def _compile_plain(model: keras.Model, config: dict[str, Any], job: Job, lr: flo
     metrics; plain Keras loads the file, without tfdist."""
     scope = job.strategy.scope() if job.strategy else contextlib.nullcontext()
     with scope:
-        model.compile(optimizer=_inner_optimizer(config["optimizer"], lr),
+        model.compile(optimizer=inner_optimizer(config["optimizer"], lr),
                       loss=config["train"]["loss"], metrics=metrics_of(config["train"]))
 
 
-def _inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
+def inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers.Optimizer:
+    """The Keras optimizer a config's `optimizer` section names (before tfdist wraps it)."""
     wd = c["weight_decay"] or None
     if c["name"] == "sgd":
         return keras.optimizers.SGD(learning_rate, momentum=c["momentum"], weight_decay=wd)
@@ -619,7 +620,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         _check_loss(config["train"]["loss"], model, data)
         if opt_cfg["zero_stage"] == 3:  # the parameters sharded too
             model = ShardedModel(model)
-        optimizer = _wrap(job, _inner_optimizer(opt_cfg, lr), config)
+        optimizer = _wrap(job, inner_optimizer(opt_cfg, lr), config)
         model.compile(optimizer=optimizer, loss=config["train"]["loss"],
                       metrics=metrics_of(config["train"]),
                       **({"jit_compile": False} if job.kind.asynchronous else {}))
@@ -819,7 +820,7 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
 def _serve_until_done(model, config, cluster, scale, every) -> dict:
     """`tfdist.ps.serve` with the config's settings; returns the servers' report."""
     opt_cfg = config["optimizer"]
-    return serve(model, _inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
+    return serve(model, inner_optimizer(opt_cfg, opt_cfg["learning_rate"] * scale),
                  staleness=config["engine"]["staleness"], cluster=cluster,
                  worker_timeout=config["engine"]["worker_timeout"],
                  scale_lr_by_staleness=config["engine"]["scale_lr_by_staleness"],

@@ -1,0 +1,164 @@
+"""The planner (`tfdist.plan`, `tfdist plan`): the bytes it predicts are the bytes the library
+counts on a run, the memory it predicts is what the optimizers hold (`memory_report`), its link
+model agrees with the arithmetic worked by hand, and the command answers without TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.conftest import worker_env
+from tfdist import compression
+from tfdist.plan import Calibration, Cluster, Link, Workload, predict
+from tfdist.zero import memory_report
+
+REPLICAS = 4
+STEPS = 3
+
+
+def _model():
+    """A kernel PowerSGD compresses (32 x 48), one it sends dense (48 x 2: it would not pay)."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((32,)), keras.layers.Dense(48, activation="relu"),
+                             keras.layers.Dense(48, activation="relu"), keras.layers.Dense(2)])
+
+
+OPTIMIZERS = {  # FP16 and ZeRO-1 send as the dense rest and ZeRO-2 do, by the same rules
+    "dense": lambda: tfdist.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+    "powersgd:2": lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), compressor=compression.PowerSGD(rank=2)),
+    "topk:0.05": lambda: tfdist.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), compressor=compression.TopK(0.05)),
+    "zero2": lambda: tfdist.ZeroOptimizer(keras.optimizers.SGD(0.01), stage=2),
+}
+
+
+@pytest.mark.parametrize("spec", list(OPTIMIZERS))
+def test_the_planned_bytes_are_the_bytes_the_library_counts(mirrored, spec):
+    strategy = mirrored(REPLICAS)
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=OPTIMIZERS[spec](), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8 * STEPS * REPLICAS, 32)).astype("float32")
+    y = rng.standard_normal((8 * STEPS * REPLICAS, 2)).astype("float32")
+    model.fit(x, y, batch_size=8 * REPLICAS, epochs=1, verbose=0)
+    counted = float(model.optimizer.bytes_sent) / STEPS
+    # MirroredStrategy's replicas reduce-scatter for real, as Horovod's ranks do
+    cluster = Cluster(REPLICAS, Link(1.0), engine="horovod")
+    (estimate,) = predict(Workload.from_keras(model, 0.0), cluster, [spec]).estimates
+    assert estimate.wire_bytes == pytest.approx(counted, rel=1e-9), spec
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_planned_memory_is_what_the_optimizer_holds(mirrored, stage):
+    """Per replica, with accumulation (so the gradients are buffers that memory_report sees),
+    against Adam's state as placed: stage 0 is tfdist's dense exchange."""
+    strategy = mirrored(REPLICAS)
+    with strategy.scope():
+        model = _model()
+        planned_workload = Workload.from_keras(model, 0.0, optimizer_slots=2)
+        if stage == 3:
+            model = tfdist.zero.ShardedModel(model)
+        optimizer = (tfdist.ZeroOptimizer(keras.optimizers.Adam(), stage=stage,
+                                          accumulation_steps=2) if stage else
+                     tfdist.DistributedOptimizer(keras.optimizers.Adam(), accumulation_steps=2))
+        optimizer.build(model.trainable_variables)
+    held = {tuple(sorted(kinds.items())) for kinds in memory_report(optimizer).values()}
+    assert len(held) == 1, "the replicas hold different amounts"
+    held = dict(held.pop())
+    spec = f"zero{stage}" if stage else "dense"
+    (estimate,) = predict(planned_workload, Cluster(REPLICAS, Link(1.0)), [spec]).estimates
+    planned = estimate.memory
+    assert planned["optimizer_state"] == held["optimizer_state"]
+    assert planned["gradients"] == held["gradient_buffers"]
+    if stage in (1, 2):
+        assert planned["algorithm_state"] == held["param_shard"]  # the flat fp32 shard
+    if stage == 3:
+        assert planned["parameters"] == held["param_shard"]  # the model's own shard
+
+
+def test_the_link_model_worked_by_hand():
+    work = Workload.from_parameters(1_000_000, compute_s=0.1)  # 4,000,000 bytes of gradients
+    cluster = Cluster(4, Link(1.0, latency_us=50))
+    plan = predict(work, cluster, ["dense", "local_sgd:8", "ps:1", "pipeline:2x4", "zero2"])
+    by = {e.algorithm: e for e in plan.estimates}
+    # ring all-reduce over 4: each sends 2 x 3/4 x 4e6 = 6e6 bytes at 1 Gbit/s, 6 hops of 50 us
+    assert by["dense"].wire_bytes == 6e6
+    assert by["dense"].exchange_s == pytest.approx(6e6 * 8 / 1e9 + 6 * 50e-6)
+    assert by["dense"].step_s == pytest.approx(0.1 + 0.048 + 0.0003)
+    assert by["local_sgd"].exchange_s == pytest.approx((0.048 + 0.0003) / 8)
+    # one server receives 4 x 4e6 bytes, then sends as much: twice 128 ms, two latencies
+    assert by["ps:1"].exchange_s == pytest.approx(2 * (4 * 4e6 * 8 / 1e9 + 50e-6))
+    # 2 stages x 4 micro-batches: bubble 1/4 of the compute; 2 replicas all-reduce half the model
+    pipe = by["pipeline:2x4"]
+    assert pipe.bubble_s == pytest.approx(0.025)
+    assert pipe.exchange_s == pytest.approx(2e6 * 8 / 1e9 + 2 * 50e-6)
+    # ZeRO-2 across TF_CONFIG workers: an all-reduce of 4 shards of 250,000 elements and a
+    # count each, an all-gather of the shards
+    assert by["zero2"].wire_bytes == 2 * 3 / 4 * 4 * 4 * (250_000 + 1) + 3 * 4 * 250_000
+    assert by["dense"].memory == {"parameters": 4e6, "gradients": 4e6, "optimizer_state": 8e6,
+                                  "algorithm_state": 0, "activations": 0}
+    # a device too small for the dense state: ZeRO-2 is the one left
+    small = predict(work, Cluster(4, Link(1.0), device_memory=10_000_000), ["dense", "zero2"])
+    assert small.best.algorithm == "zero2" and "do not fit" in small.reason
+    none = predict(work, Cluster(4, Link(1.0), device_memory=1000), ["dense"])
+    assert none.best is None and "no algorithm fits" in none.reason
+
+
+def test_a_calibration_is_fitted_from_the_collectives_rows(tmp_path):
+    rows = [{"transport": "horovod", "splits": 1, "processes": 2, "size_mb": mb, "median_ms": ms}
+            for mb, ms in ((1.0, 5.0), (21.0, 25.0), (81.0, 85.0))]  # 2 ms per call + 1 ms/MB
+    (tmp_path / "collectives.json").write_text(json.dumps({"rows": rows}))
+    cal = Calibration.from_results(tmp_path, "horovod")
+    assert cal.seconds_per_byte == pytest.approx(1e-9)
+    assert cal.hop_s == pytest.approx(4e-3 / 2)  # an all-reduce between 2 has 2 hops
+    with pytest.raises(ValueError, match="does not exist"):
+        Calibration.from_results(tmp_path / "missing")
+
+
+def test_bad_plans_are_refused_by_name():
+    work = Workload.from_parameters(1000, 0.01)
+    with pytest.raises(ValueError, match="Unknown algorithm 'zip'.*powersgd:RANK"):
+        predict(work, Cluster(2, Link(1.0)), ["zip"])
+    with pytest.raises(ValueError, match="pipeline: give STAGESxMICROBATCHES"):
+        predict(work, Cluster(2, Link(1.0)), ["pipeline:4"])
+    with pytest.raises(ValueError, match="gbit_per_s"):
+        Link(0)
+    with pytest.raises(ValueError, match="engine"):
+        Cluster(2, Link(1.0), engine="mpi")
+    with pytest.raises(ValueError, match="shapes"):
+        Workload(((3, 0),), 0.1)
+    plan = predict(work, Cluster(6, Link(1.0)), ["dense", "pipeline:4x8", "powersgd:2"])
+    assert [e.algorithm for e in plan.estimates] == ["dense"]
+    assert "4 stages do not divide 6 workers" in plan.left_out["pipeline:4x8"]
+    assert "parameter count" in plan.left_out["powersgd:2"]
+
+
+def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tfdist.tools.cli", "plan",
+         "--parameters", "25000000", "--compute-ms", "300", "--workers", "8,1024",
+         "--per-host", "8", "--link", "25gbit", "--intra", "300gbit", "--latency-us", "10",
+         "--device-memory", "24GB", "--json", str(tmp_path / "plan.json")],
+        capture_output=True, text=True, env=worker_env(), cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "tfdist.plan.planner" in imported and "tensorflow" not in imported
+    assert "1,024 workers (8 per host, 128 hosts)" in out.stdout
+    plans = json.loads((tmp_path / "plan.json").read_text())["plans"]
+    assert [p["cluster"]["workers"] for p in plans] == [8, 1024]
+    for p in plans:
+        assert p["recommended"] in {e["algorithm"] for e in p["estimates"]}
+        assert "recommended: " in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "plan", "--parameters", "10",
+                          "--compute-ms", "1", "--algorithms", "dense,zip"],
+                         capture_output=True, text=True, env=worker_env(), timeout=120)
+    assert bad.returncode == 2 and "Unknown algorithm 'zip'" in bad.stderr

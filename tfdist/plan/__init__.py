@@ -1,0 +1,32 @@
+"""Before the cluster exists: each algorithm's predicted step time, bytes and memory per device
+at 8 to 1,024 workers, and the one to use (`tfdist plan` on the command line).
+
+The cost model is the one `AutoExchange` decides with during training (`tfdist.plan.costs`),
+in plain arithmetic: this package imports no TensorFlow.
+
+Example:
+    ```python
+    from tfdist.plan import Cluster, Link, Workload, predict
+
+    plan = predict(Workload.from_parameters(5_483_530, compute_s=0.05),
+                   Cluster(workers=8, link=Link(gbit_per_s=1)))
+    print(plan.table())
+    print("use", plan.best.algorithm, "-", plan.reason)
+    ```
+"""
+
+from tfdist.plan.costs import STEPS_FACTORS
+from tfdist.plan.planner import (
+                                 DEFAULT_ALGORITHMS,
+                                 SPEC_HELP,
+                                 Calibration,
+                                 Cluster,
+                                 Estimate,
+                                 Link,
+                                 Plan,
+                                 Workload,
+                                 predict,
+)
+
+__all__ = ["DEFAULT_ALGORITHMS", "SPEC_HELP", "STEPS_FACTORS", "Calibration", "Cluster",
+           "Estimate", "Link", "Plan", "Workload", "predict"]

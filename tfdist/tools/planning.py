@@ -1,0 +1,165 @@
+"""`tfdist plan`: the workload (a config's model, or a saved `.keras` model, or a parameter
+count), one worker's compute step (given, or measured on this machine's first device), and the
+plan for each worker count (`tfdist.plan.predict`).
+
+With `--parameters` and `--compute-ms` nothing loads TensorFlow: the answer is arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tfdist.plan import Calibration, Cluster, Link, Plan, Workload, predict
+from tfdist.plan.planner import check_algorithms
+from tfdist.tools.emulated import parse_bandwidth
+
+_MEMORY_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+                 "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(text: str) -> int:
+    """'24GB', '80GiB', '512mb' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _MEMORY_UNITS:
+        raise ValueError(f"memory {text!r}: give a number and a unit, one of GB, GiB, MB, MiB "
+                         "(e.g. 24GB, 80GiB)")
+    return int(float(m.group(1)) * _MEMORY_UNITS[unit])
+
+
+def link(bandwidth: str, latency_us: float) -> Link:
+    return Link(parse_bandwidth(bandwidth) / 1e9, latency_us)
+
+
+def optimizer_slots(optimizer, variables) -> int:
+    """Per-parameter state of a Keras optimizer, counted on `variables` (momentum: 1, Adam: 2):
+    its variables' elements beyond the scalars, over the parameters'."""
+    optimizer.build(variables)
+    parameters = sum(int(v.shape.num_elements()) for v in variables)
+    state = sum(int(v.shape.num_elements()) for v in optimizer.variables if len(v.shape))
+    return round(state / parameters)
+
+
+def measure_compute(model, optimizer, batch: int, steps: int = 8) -> float:
+    """Median seconds of one training step of `model` (forward, backward, `optimizer`'s update)
+    at `batch` examples on this machine's first device, synthetic inputs and targets; the first
+    two (tracing) steps left out."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *model.input_shape[1:])).astype("float32")
+    y = rng.standard_normal((batch, *model.output_shape[1:])).astype("float32")
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
+    times = []
+    for _ in range(steps + 2):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
+def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
+    """The workload `args` describe, and how its compute time was found."""
+    extra = {"optimizer_slots": args.optimizer_slots} if args.optimizer_slots is not None else {}
+    if args.parameters is not None:
+        if args.compute_ms is None:
+            raise ValueError("--parameters needs --compute-ms: there is no model to measure "
+                             "(or give a config or --model-file instead)")
+        return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3, **extra),
+                "given")
+    import keras
+
+    import tfdist  # noqa: F401  (registers tfdist's classes: a saved model may use them)
+    from tfdist.tools.runner import inner_optimizer, load_data, make_model
+
+    if args.model_file:
+        if not Path(args.model_file).is_file():
+            raise ValueError(f"--model-file {args.model_file!r} does not exist")
+        model = keras.saving.load_model(args.model_file, compile=False)
+        optimizer = keras.optimizers.Adam()
+        batch = args.batch or 32
+    else:
+        assert config is not None
+        model = make_model(config, load_data(config))
+        optimizer = inner_optimizer(config["optimizer"], config["optimizer"]["learning_rate"])
+        batch = args.batch or config["data"]["global_batch_size"]
+    if "optimizer_slots" not in extra:
+        extra["optimizer_slots"] = optimizer_slots(optimizer, model.trainable_variables)
+    if args.compute_ms is not None:
+        compute, how = args.compute_ms / 1e3, "given"
+    else:
+        compute = measure_compute(model, optimizer, batch)
+        how = f"measured on this machine's first device, batch {batch}"
+    return Workload.from_keras(model, compute, **extra), how
+
+
+def cluster(args, workers: int) -> Cluster:
+    return Cluster(workers, link(args.link, args.latency_us), args.per_host,
+                   link(args.intra, args.latency_us) if args.intra else None, args.engine,
+                   parse_memory(args.device_memory) if args.device_memory else None)
+
+
+def check(args) -> None:
+    """Every option checked before anything loads or runs."""
+    for n in args.workers:
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--workers: {n!r} is not a worker count; give whole numbers, "
+                             "e.g. --workers 8,64,1024")
+    for name in ("link", "intra"):
+        if getattr(args, name):
+            parse_bandwidth(getattr(args, name))
+    if args.device_memory:
+        parse_memory(args.device_memory)
+    if args.algorithms:
+        check_algorithms(args.algorithms)
+    cluster(args, 1)
+    for name in ("compute_ms", "latency_us"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 0")
+
+
+def plans(args, config: dict[str, Any] | None) -> tuple[list[Plan], str]:
+    work, how = workload(args, config)
+    calibration = (Calibration.from_results(args.calibrate, args.engine) if args.calibrate
+                   else None)
+    kwargs = {"algorithms": args.algorithms} if args.algorithms else {}
+    return [predict(work, cluster(args, int(n)), calibration=calibration, **kwargs)
+            for n in args.workers], how
+
+
+def report(results: list[Plan], how: str, out=sys.stdout) -> None:
+    w = results[0].workload
+    size = "" if "parameters" in w.name else f" ({w.parameters:,} parameters)"
+    print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter, compute "
+          f"{w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
+    print(f"calibration: {results[0].calibration.source}", file=out)
+    for plan in results:
+        c = plan.cluster
+        intra = c.intra or c.link
+        print(f"\n{c.workers:,} workers ({c.workers_per_host} per host, {c.hosts:,} hosts), "
+              f"{c.engine}, link {c.link.gbit_per_s:g} Gbit/s {c.link.latency_us:g} us, "
+              f"within a host {intra.gbit_per_s:g} Gbit/s"
+              + (f", {c.device_memory / 1e9:g} GB per device" if c.device_memory else ""),
+              file=out)
+        print(plan.table(), file=out)
+        best = plan.best.label if plan.best else "none"
+        print(f"recommended: {best}: {plan.reason}", file=out)
+        for e in plan.estimates:
+            if e.note:
+                print(f"  {e.label}: {e.note}", file=out)
+        for spec, why in plan.left_out.items():
+            print(f"  left out: {spec}: {why}", file=out)
+
+
+def write_json(results: list[Plan], how: str, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"compute": how, "plans": [p.as_dict() for p in results]},
+                                     indent=2) + "\n")

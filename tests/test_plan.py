@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
 import tfdist
-from tests.conftest import worker_env
+from tests.conftest import ROOT, worker_env
 from tfdist import compression
 from tfdist.plan import Calibration, Cluster, Link, Workload, predict
 from tfdist.zero import memory_report
@@ -162,3 +163,25 @@ def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
                           "--compute-ms", "1", "--algorithms", "dense,zip"],
                          capture_output=True, text=True, env=worker_env(), timeout=120)
     assert bad.returncode == 2 and "Unknown algorithm 'zip'" in bad.stderr
+
+
+def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
+    """`tfdist bench --suite plan` on the comm suite's quick run kept in the docs (2 emulated
+    hosts, 100 Mbit/s): the bytes predicted for the dense and PowerSGD exchanges are the bytes
+    the workers counted there, and every measured step is that run's own."""
+    from tfdist.tools.cli import main
+
+    data = f"{ROOT}/docs/benchmarks/data"
+    assert main(["bench", "--suite", "plan", "--results", f"{data}/comm.quick.json",
+                 "--calibrate", data, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "plan.json").read_text())["rows"]
+    measured = {r["algorithm"]: r for r in json.loads(
+        Path(f"{data}/comm.quick.json").read_text())["rows"]}
+    assert {r["algorithm"] for r in rows} == {"dense_keras", "dense", "dense_horovod",
+                                              "powersgd", "local_sgd"}
+    for r in rows:
+        run = measured[r["algorithm"]]
+        assert r["measured_ms"] == pytest.approx(run["train_seconds"] / (run["steps"] - 1) * 1e3)
+        if r["spec"] in ("dense", "powersgd:2"):
+            assert r["predicted_bytes"] == run["bytes_per_step"], r["algorithm"]
+    assert "median error" in (tmp_path / "plan.md").read_text()

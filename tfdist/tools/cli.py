@@ -54,6 +54,9 @@ SUITES = {
     "models": "ResNet-50 and a BERT-like encoder (random weights, synthetic data) per algorithm "
               "on the emulated cluster: step time, images or tokens per second, scaling "
               "efficiency against the zero-communication limit",
+    "plan": "the planner (tfdist plan) against the emulated cluster: runs the comm suite (or "
+            "reads its comm.json, --results) and sets predicted step time and bytes beside the "
+            "measured ones, with the error",
     "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",
@@ -101,14 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engines, overhead: repeats per engine; collectives: timed calls "
                             "per row")
     bench.add_argument("--hosts", type=_list, metavar="N,...",
-                       help="comm, models, stragglers, pipeline_hosts: numbers of emulated "
+                       help="comm, plan, models, stragglers, pipeline_hosts: numbers of emulated "
                             "hosts (default: the spec's; pipeline_hosts: 2,4); collectives: "
                             "numbers of processes on 127.0.0.1 (default: 2)")
     bench.add_argument("--bandwidths", type=_list, metavar="RATE,...",
-                       help="comm, models, stragglers, pipeline_hosts: link bandwidths with a "
+                       help="comm, plan, models, stragglers, pipeline_hosts: link bandwidths "
+                            "with a "
                             "unit, e.g. 100mbit,1gbit")
     bench.add_argument("--algorithms", type=_list, metavar="NAME,...",
-                       help="comm, models, stragglers: algorithms of configs/bench/comm.yaml, "
+                       help="comm, plan, models, stragglers: algorithms of configs/bench/comm.yaml, "
                             "models.yaml or stragglers.yaml (the baseline always runs)")
     bench.add_argument("--models", type=_list, metavar="NAME,...",
                        help="models: the models of configs/bench/models.yaml to run")
@@ -116,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="collectives: tensor sizes in MB (default: 1,22,94)")
     bench.add_argument("--splits", type=_list, metavar="K,...",
                        help="collectives: all-reduce calls per tensor (default: 1,2,4,8)")
+    bench.add_argument("--results", metavar="PATH",
+                       help="plan: a comm suite's comm.json to compare with, instead of running "
+                            "the comm suite")
+    bench.add_argument("--calibrate", metavar="DIR",
+                       help="plan: the collectives and compressors suites' JSON that calibrate "
+                            "the planner (e.g. docs/benchmarks/data)")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="comm: override the spec's job for every run (repeatable), e.g. "
                             "--set model.hidden=[256,256]")
@@ -381,6 +391,11 @@ def cmd_bench(args) -> int:
 
             run_models(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
                        models=args.models)
+        elif args.suite == "plan":
+            from tfdist.tools.bench.plan import run_plan
+
+            run_plan(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
+                     results=args.results, calibrate=args.calibrate)
         elif args.suite == "collectives":
             from tfdist.tools.bench.collectives import run_collectives
 

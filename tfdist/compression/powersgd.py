@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfdist.arguments import check_bool, check_int, check_number
 from tfdist.comm.transport import Sum
 from tfdist.compression.base import Compressor, register, stateless_seed
-from tfdist.plan.costs import matrix_shape, powersgd_rank
+from tfdist.plan.costs import POWERSGD_MIN_COMPRESSION_RATE, matrix_shape, powersgd_rank
 
 
 def orthogonalize(p: tf.Tensor, eps: float = 1e-8) -> tf.Tensor:
@@ -51,8 +51,9 @@ class PowerSGD(Compressor):
     keeps_nonfinite = True  # P = M Q: a non-finite M makes P, then everything, non-finite
     has_error_feedback = True
 
-    def __init__(self, rank: int = 2, warm_start: bool = True, min_compression_rate: float = 2.0,
-                 seed: int = 0, eps: float = 1e-8):
+    def __init__(self, rank: int = 2, warm_start: bool = True,
+                 min_compression_rate: float = POWERSGD_MIN_COMPRESSION_RATE, seed: int = 0,
+                 eps: float = 1e-8):
         self.rank = check_int("rank", rank, 1, 2**16)
         self.warm_start = check_bool("warm_start", warm_start)
         self.min_compression_rate = check_number("min_compression_rate", min_compression_rate, 0,

@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # measured: docs/guides/compression.md, bucket sizes
+MIN_COMPRESS_SIZE = 1024  # elements: smaller gradients are sent dense by default
+POWERSGD_MIN_COMPRESSION_RATE = 2.0  # PowerSGD compresses a matrix only where it pays this much
 
 
 def ring_bytes(kind: str, payload_bytes: float, world_size: int) -> float:
@@ -81,9 +83,6 @@ def num_kept(n: int, ratio: float) -> int:
 # dense all-reduce overlapped) need as many steps by construction. Others are not measured.
 STEPS_FACTORS = {"dense": 1.0, "fp16": 1.0, "powersgd:2": 2.0,
                  "local_sgd:2": 1.0, "local_sgd:4": 1.0, "local_sgd:8": 1.0}
-
-
-MIN_COMPRESS_SIZE = 1024  # elements: smaller gradients are sent dense by default
 
 
 def compresses(shape: Sequence[int], min_compress_size: int = MIN_COMPRESS_SIZE,

@@ -43,6 +43,7 @@ from typing import Any
 from tfdist.arguments import check_choice, check_int, check_number
 from tfdist.plan.costs import (
     DEFAULT_BUCKET_BYTES,
+    POWERSGD_MIN_COMPRESSION_RATE,
     STEPS_FACTORS,
     compresses,
     link_seconds,
@@ -404,8 +405,6 @@ class Plan:
 DEFAULT_ALGORITHMS = ("dense", "dense_overlap", "fp16", "powersgd:2", "powersgd:4",
                       "topk:0.01", "local_sgd:8", "zero1", "zero2", "zero3", "pipeline:4x8",
                       "ps:1", "ps:n/8")
-FAMILIES = ("dense", "dense_overlap", "fp16", "powersgd", "topk", "local_sgd", "zero1", "zero2",
-            "zero3", "pipeline", "ps")
 SPEC_HELP = ("dense, dense_overlap, fp16, powersgd:RANK, topk:RATIO, local_sgd:PERIOD, zero1, "
              "zero2, zero3, pipeline:STAGESxMICROBATCHES, ps:SERVERS (a number, or n/D: the "
              "workers divided by D)")
@@ -447,8 +446,8 @@ class _Pricer:
         return max(1, math.ceil(nbytes / DEFAULT_BUCKET_BYTES))
 
     def estimate(self, algorithm, label, *, exchange=0.0, compressor=0.0, bubble=0.0, wire=0.0,
-                 calls=0.0, memory=None, factor=None, note="", compute=None) -> Estimate:
-        compute = self.w.compute_s if compute is None else compute
+                 calls=0.0, memory=None, factor=None, note="") -> Estimate:
+        compute = self.w.compute_s
         return Estimate(algorithm, label, compute + exchange + compressor + bubble, compute,
                         exchange, compressor, bubble, wire, calls,
                         memory or self.dense_memory(), factor, note)
@@ -462,7 +461,7 @@ def _dense(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
                            exchange=seconds, wire=wire, calls=calls,
                            factor=STEPS_FACTORS["dense"])
     hidden = pr.w.backward_share * pr.w.compute_s
-    exposed = max(seconds - hidden, seconds / calls if calls > 1 else seconds)
+    exposed = max(seconds - hidden, seconds / calls)  # never the last bucket
     return pr.estimate(spec, "dense all-reduce, overlapped (DDP-style)", exchange=exposed, wire=wire,
                        calls=calls, factor=STEPS_FACTORS["dense"],
                        note="the backward pass hides all but the last bucket, as DDP and Horovod's own "
@@ -502,14 +501,15 @@ def _fp16(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
 
 def _powersgd(pr: _Pricer, spec: str, arg: str | None) -> Estimate | str:
     rank = check_int("powersgd rank", int(arg or 2), 1)
-    compressed, dense = _split(pr, lambda shape: powersgd_rank(shape, rank, 2.0) > 0)
+    rate = POWERSGD_MIN_COMPRESSION_RATE  # PowerSGD's default
+    compressed, dense = _split(pr, lambda shape: powersgd_rank(shape, rank, rate) > 0)
     if not compressed or not pr.w.shapes_known:
         return "no tensor is a matrix worth compressing (give the model's shapes, not a "\
                "parameter count)"
     p_elems = q_elems = kept = 0
     for shape in compressed:
         rows, cols = matrix_shape(shape)
-        r = powersgd_rank(shape, rank, 2.0)
+        r = powersgd_rank(shape, rank, rate)
         p_elems, q_elems, kept = p_elems + rows * r, q_elems + cols * r, kept + rows * cols
     # one all-reduce of the dense rest, one of every P, one of every Q
     seconds, wire, calls = _sum(pr, [FLOAT * dense, FLOAT * p_elems, FLOAT * q_elems])
@@ -615,20 +615,24 @@ _FAMILY = {"dense": _dense, "dense_overlap": _dense, "fp16": _fp16, "powersgd": 
            "zero3": _zero, "pipeline": _pipeline, "ps": _ps}
 
 
+def _price(pricer: _Pricer, spec: str) -> Estimate | str:
+    """One spec's estimate on `pricer`, or why it does not apply; a bad spec is refused."""
+    family, _, arg = str(spec).partition(":")
+    if family not in _FAMILY:
+        raise ValueError(f"Unknown algorithm {spec!r}. Choose from: {SPEC_HELP}")
+    try:
+        return _FAMILY[family](pricer, family, arg or None)
+    except ValueError as e:
+        raise ValueError(f"Algorithm {spec!r}: {e}. Specs: {SPEC_HELP}") from None
+
+
 def check_algorithms(specs: Sequence[str]) -> list[str]:
-    """The specs, each checked: an unknown family or a bad argument is refused by name."""
-    checked = []
+    """The specs, each checked on a small workload before anything else runs: an unknown
+    family or a bad argument is refused by name."""
+    probe = _Pricer(Workload(((8, 8),), 0.0), Cluster(8, Link(1.0)), Calibration())
     for spec in specs:
-        family, _, arg = str(spec).partition(":")
-        if family not in _FAMILY:
-            raise ValueError(f"Unknown algorithm {spec!r}. Choose from: {SPEC_HELP}")
-        probe = _Pricer(Workload(((8, 8),), 0.0), Cluster(8, Link(1.0)), Calibration())
-        try:
-            _FAMILY[family](probe, family, arg or None)
-        except ValueError as e:
-            raise ValueError(f"Algorithm {spec!r}: {e}. Specs: {SPEC_HELP}") from None
-        checked.append(str(spec))
-    return checked
+        _price(probe, spec)
+    return [str(spec) for spec in specs]
 
 
 def predict(workload: Workload, cluster: Cluster,
@@ -661,9 +665,8 @@ def predict(workload: Workload, cluster: Cluster,
     pricer = _Pricer(workload, cluster, calibration)
     estimates: list[Estimate] = []
     left_out: dict[str, str] = {}
-    for spec in check_algorithms(algorithms):
-        family, _, arg = spec.partition(":")
-        estimate = _FAMILY[family](pricer, family, arg or None)
+    for spec in algorithms:
+        estimate = _price(pricer, spec)
         if isinstance(estimate, str):
             left_out[spec] = estimate
         elif all(e.algorithm != estimate.algorithm for e in estimates):  # ps:1 and ps:n/8 at 8

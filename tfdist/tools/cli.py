@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help=COMMANDS["info"], description=COMMANDS["info"] + ".")
 
     from tfdist.plan import DEFAULT_ALGORITHMS, SPEC_HELP
+    from tfdist.plan.planner import ENGINES
 
     plan = sub.add_parser("plan", parents=[verbose], help=COMMANDS["plan"],
                           description=COMMANDS["plan"] + ". The model is the config's (or "
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--intra", metavar="RATE",
                       help="the link between workers of one host, e.g. 300gbit (default: "
                            "--link)")
-    plan.add_argument("--engine", choices=["tf.distribute", "horovod"],
+    plan.add_argument("--engine", choices=ENGINES,
                       default="tf.distribute", help="default: %(default)s")
     plan.add_argument("--device-memory", metavar="SIZE",
                       help="one device's memory, e.g. 24GB: what needs more is not recommended")
@@ -204,12 +205,17 @@ def loading(verbose: bool):
     return contextlib.nullcontext() if verbose else loading_quietly()
 
 
+def _config_path(given: str | None) -> str | None:
+    """The config a command reads: the one given, else configs/default.yaml where it exists,
+    else None (the built-in defaults: the same job)."""
+    default = os.path.join("configs", "default.yaml")
+    return given if given is not None or not os.path.isfile(default) else default
+
+
 def cmd_train(args) -> int:
     from tfdist.tools.config import ConfigError, load_config
 
-    path = args.config
-    if path is None and os.path.isfile(os.path.join("configs", "default.yaml")):
-        path = os.path.join("configs", "default.yaml")
+    path = _config_path(args.config)
     try:
         with loading(args.verbose):  # the schema first: TensorFlow loads only past it
             config = load_config(path, args.set)
@@ -422,10 +428,7 @@ def cmd_plan(args) -> int:
         planning.check(args)
         with contextlib.nullcontext() if arithmetic else loading(args.verbose):
             if args.parameters is None and not args.model_file:
-                path = args.config
-                if path is None and os.path.isfile(os.path.join("configs", "default.yaml")):
-                    path = os.path.join("configs", "default.yaml")
-                config = load_config(path, args.set)  # the schema first, as for train
+                config = load_config(_config_path(args.config), args.set)  # the schema first
             results, how = planning.plans(args, config)
     except (ConfigError, ValueError) as e:
         print(f"tfdist plan: {e}", file=sys.stderr)

@@ -16,7 +16,7 @@ import pytest
 import tfdist
 from tests.conftest import ROOT, worker_env
 from tfdist import compression
-from tfdist.plan import Calibration, Cluster, Link, Workload, predict
+from tfdist.plan import Calibration, Cluster, Link, Stragglers, Workload, predict, simulate
 from tfdist.zero import memory_report
 
 REPLICAS = 4
@@ -185,3 +185,92 @@ def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
         if r["spec"] in ("dense", "powersgd:2"):
             assert r["predicted_bytes"] == run["bytes_per_step"], r["algorithm"]
     assert "median error" in (tmp_path / "plan.md").read_text()
+
+
+# The simulation (`tfdist.plan.simulate`): each case below is worked out by hand.
+C, E, T = 0.1, 0.02, 0.01  # compute, all-reduce, parameter-server transfer (s)
+
+
+def test_synchronous_rounds_wait_for_the_slowest_worker():
+    slow = Stragglers(slow=1, slowdown=4)
+    run = simulate("sync", 8, C, 50, stragglers=slow, exchange_s=E)
+    assert run.seconds == pytest.approx(50 * (4 * C + E)) and run.updates == 50
+    # waiting: the 7 fast workers' (4 - 1) C of every step, over all workers' time
+    assert run.waiting_share == pytest.approx(7 * 3 * C / (8 * (4 * C + E)))
+    local = simulate("local_sgd:5", 8, C, 50, stragglers=slow, exchange_s=E, warmup_steps=10)
+    assert local.seconds == pytest.approx(10 * (4 * C + E) + 8 * (5 * 4 * C + E))
+    assert local.updates == 10 + 8 and len(local.chief_clock) == 50
+    # the chief's steps inside a local round are its own; the round's last waits for the slowest
+    assert local.chief_clock[10] - local.chief_clock[9] == pytest.approx(C)
+    assert local.chief_clock[14] == pytest.approx(local.chief_clock[9] + 5 * 4 * C + E)
+    ps = simulate("ssp:0", 8, C, 50, stragglers=slow, transfer_s=T, apply_s=0.001)
+    assert ps.seconds == pytest.approx(50 * (4 * C + T + 0.001)) and ps.staleness == {}
+
+
+def test_asynchronous_servers_apply_each_push_and_count_its_staleness():
+    run = simulate("async", 4, C, 30, transfer_s=T)
+    # 4 equal workers push together: the pushes of a round are 0, 1, 2 and 3 updates stale
+    assert run.staleness == {0: 30, 1: 30, 2: 30, 3: 30} and run.updates == 120
+    assert run.seconds == pytest.approx(30 * (C + T))
+    assert run.throughput == pytest.approx(4 / (C + T))
+    # servers slower than the workers: they set the pace, one update per apply_s
+    busy = simulate("async", 10, 0.01, 40, apply_s=0.01)
+    assert busy.job_seconds == pytest.approx(0.01 + 10 * 40 * 0.01)
+    # a 4x slower worker: the others never wait for it without a bound
+    slow = Stragglers(slow=1, slowdown=4)
+    free = simulate("async", 4, C, 40, stragglers=slow)
+    assert free.seconds == pytest.approx(40 * C) and free.job_seconds == pytest.approx(160 * C)
+
+
+def test_bounded_staleness_holds_the_fast_workers_to_the_slowest():
+    slow = Stragglers(slow=1, slowdown=4)
+    for bound in (1, 3):
+        run = simulate(f"ssp:{bound}", 4, C, 40, stragglers=slow)
+        # the chief ends at most bound + 1 of the slow worker's steps before it
+        assert 40 * 4 * C - (bound + 1) * 4 * C <= run.seconds + 1e-9 <= 40 * 4 * C + 1e-9
+        assert run.job_seconds == pytest.approx(40 * 4 * C)
+    # a late start: the chief runs until it is 2 pushes ahead (more than 1), then waits for the
+    # slow worker's first
+    late = simulate("ssp:1", 4, C, 40, stragglers=Stragglers(slow=1, slowdown=4, late_s=5))
+    assert late.chief_clock[1] == pytest.approx(2 * C) and late.chief_clock[2] >= 5 + 4 * C
+    assert late.job_seconds == pytest.approx(5 + 40 * 4 * C)
+    assert simulate("async", 4, C, 40, stragglers=Stragglers(1, 4, late_s=5)).seconds == \
+        pytest.approx(40 * C)
+
+
+def test_spread_step_times_are_seeded_and_have_mean_one():
+    spread = Stragglers(sigma=0.5)
+    one = simulate("sync", 1, C, 20000, stragglers=spread, seed=3)
+    assert one.seconds / 20000 == pytest.approx(C, rel=0.02)
+    assert simulate("sync", 1, C, 200, stragglers=spread, seed=3).seconds == \
+        simulate("sync", 1, C, 200, stragglers=spread, seed=3).seconds
+    # heavy tails: the slowest of 64 workers sets every synchronous step
+    assert simulate("sync", 64, C, 200, stragglers=spread).step_s > 1.5 * C
+    assert Stragglers(slow=0.25, slowdown=2).slowed(64) == 16
+
+
+def test_bad_simulations_are_refused_by_name():
+    for spec in ("ssp", "local_sgd:0", "ring", "async:2"):
+        with pytest.raises(ValueError, match="algorithm .*the forms are"):
+            simulate(spec, 4, C, 10)
+    with pytest.raises(ValueError, match="slow"):
+        Stragglers(slow=1.5)
+    with pytest.raises(ValueError, match="slowdown"):
+        Stragglers(slow=1, slowdown=0.5)
+    with pytest.raises(ValueError, match="workers"):
+        simulate("sync", 0, C, 10)
+
+
+def test_the_simulated_stragglers_bench_keeps_the_measured_order(tmp_path):
+    """The stragglers suite's run kept in the docs (4 emulated hosts, one 3x slower), simulated
+    from three of its runs: the other runs' times to target keep the measured order, each ratio
+    to the synchronous all-reduce's within 25%; the planning guide shows this table."""
+    from tfdist.tools.bench.plan import run_plan, stragglers_table
+
+    rows = run_plan(False, str(tmp_path),
+                    results=f"{ROOT}/docs/benchmarks/data/stragglers.json")
+    order = [r["algorithm"] for r in sorted(rows, key=lambda r: r["measured_target_s"])]
+    assert [r["algorithm"] for r in sorted(rows, key=lambda r: r["predicted_target_s"])] == order
+    predicted = [r for r in rows if not r["fitted"]]
+    assert len(predicted) == 4 and all(abs(r["ratio_error"]) <= 0.25 for r in predicted), rows
+    assert stragglers_table(rows) in Path(ROOT, "docs/guides/planning.md").read_text()

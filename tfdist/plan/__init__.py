@@ -2,7 +2,8 @@
 at 8 to 1,024 workers, and the one to use (`tfdist plan` on the command line).
 
 The cost model is the one `AutoExchange` decides with during training (`tfdist.plan.costs`),
-in plain arithmetic: this package imports no TensorFlow.
+in plain arithmetic: this package imports no TensorFlow. `simulate` plays stragglers and
+asynchronous training (parameter servers, bounded staleness, local SGD) event by event.
 
 Example:
     ```python
@@ -27,6 +28,12 @@ from tfdist.plan.planner import (
                                  Workload,
                                  predict,
 )
+from tfdist.plan.simulate import (
+                                  Simulation,
+                                  Stragglers,
+                                  simulate,
+)
 
 __all__ = ["DEFAULT_ALGORITHMS", "SPEC_HELP", "STEPS_FACTORS", "Calibration", "Cluster",
-           "Estimate", "Link", "Plan", "Workload", "predict"]
+           "Estimate", "Link", "Plan", "Simulation", "Stragglers", "Workload", "predict",
+           "simulate"]

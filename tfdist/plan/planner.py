@@ -27,8 +27,8 @@ The recommendation is the algorithm with the least time per dense-step-equivalen
 the steps it needs relative to the dense all-reduce) among those that fit the device's memory
 and whose steps factor is known (`tfdist.plan.costs.STEPS_FACTORS`: measured by the benches, or
 1 for exchanges that compute the dense update exactly). What the model leaves out, it says:
-stragglers, contention between a host's workers for its link, and hierarchical or tree
-all-reduces (NCCL's at scale) are not modelled.
+contention between a host's workers for its link, and hierarchical or tree all-reduces (NCCL's
+at scale) are not modelled; stragglers and asynchrony are simulated (`tfdist.plan.simulate`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,16 @@ compressors' own costs measured on the machine (`Calibration.from_results`).
 The measured step is the mean over the run's timed steps (the first, tracing, left out), which
 is what the planner predicts: for local SGD it spreads the averaging rounds over the steps.
 Post-local SGD's synchronous first epoch is in the measured mean and not in the prediction.
+
+Given a stragglers suite's run instead (`--results stragglers.json`, `tfdist bench --suite
+stragglers`), the simulation (`tfdist.plan.simulate`) plays the same job: the same workers,
+the same slow worker and slowdown, the same steps. Its three inputs come from three of the
+run's mean chief steps, with the slowdown the suite set: the asynchronous parameter server's
+(a fast step and its transfer), the synchronous parameter server's (the slow worker's step and
+the same transfer) and the synchronous all-reduce's (the slow step and the all-reduce). The
+other algorithms are predicted: their mean step, their time to the target accuracy (the
+chief's clock at the step where the run's own accuracy curve reached it) and its ratio to the
+synchronous all-reduce's, and the mean staleness.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tfdist.plan import Calibration, Cluster, Link, Workload, predict
+from tfdist.plan import Calibration, Cluster, Link, Stragglers, Workload, predict, simulate
 from tfdist.tools.bench.machine import stamp
 from tfdist.tools.emulated import parse_bandwidth
 
@@ -98,6 +108,125 @@ def summary(rows: list[dict]) -> str:
             f"{len(errors)} runs within 20%" if errors else "no run to compare")
 
 
+# stragglers suite algorithm -> the simulated one
+STRAGGLERS = {"sync": "sync", "local_sgd": "local_sgd", "ps_sync": "ssp:0", "ssp1": "ssp:1",
+              "ssp4": "ssp:4", "async": "async", "async_scaled": "async", "async_dc": "async"}
+FITTED = ("async", "ps_sync", "sync")  # the runs the simulation's inputs are fitted to
+
+
+def straggler_inputs(data: dict[str, Any]) -> dict[str, float]:
+    """The simulation's compute, transfer and all-reduce seconds, from the mean chief steps of
+    the run's asynchronous (a = c + t) and synchronous (p = f c + t) parameter servers and
+    synchronous all-reduce (s = f c + e), f the suite's slowdown; and how late the slow worker
+    starts: the synchronous servers' first chief step waits for it, the asynchronous ones'
+    does not."""
+    steps = {r["algorithm"]: mean_step_s(r) for r in data["rows"]}
+    missing = [a for a in FITTED if a not in steps]
+    if missing:
+        raise ValueError(f"--results: the stragglers run has no {', '.join(missing)} row: the "
+                         f"simulation is fitted to {', '.join(FITTED)} (run them with "
+                         "`tfdist bench --suite stragglers`)")
+    f = float(data["straggler"]["slowdown"])
+    compute = (steps["ps_sync"] - steps["async"]) / (f - 1) if f > 1 else 0.0
+    first = {r["algorithm"]: r.get("first_step_s") for r in data["rows"]}
+    inputs = {"slowdown": f, "compute_s": compute, "transfer_s": steps["async"] - compute,
+              "exchange_s": steps["sync"] - f * compute,
+              # the synchronous servers' first step waits for the slow worker's start-up, the
+              # asynchronous ones' does not
+              "late_s": max(0.0, (first["ps_sync"] or 0.0) - (first["async"] or 0.0))}
+    if f <= 1 or min(inputs["compute_s"], inputs["transfer_s"], inputs["exchange_s"]) <= 0:
+        raise ValueError(f"--results: the run's steps (async {steps['async']:.3f} s, ps_sync "
+                         f"{steps['ps_sync']:.3f} s, sync {steps['sync']:.3f} s, slowdown {f:g}) "
+                         "give no positive compute, transfer and all-reduce times to simulate")
+    return inputs
+
+
+def _local_sgd(job: list[str]) -> tuple[int, int]:
+    """The stragglers suite's local SGD job: its averaging period and synchronous warm-up (read
+    from its config and the job's overrides, without loading TensorFlow)."""
+    from tfdist.tools.config import configs_dir, parse_override, read_yaml_mapping
+
+    averaging = dict(read_yaml_mapping(configs_dir() / "local_sgd.yaml", "config")["averaging"])
+    for text in job:
+        section, key, value = parse_override(text)
+        if section == "averaging":
+            averaging[key] = value
+    return int(averaging["period"]), int(averaging.get("warmup_steps") or 0)
+
+
+def _step_reaching(row: dict[str, Any], target: float) -> int | None:
+    """The chief's step at the end of the first epoch whose accuracy reached `target`."""
+    return next((int(step) for _, accuracy, step in row["curve"] if accuracy >= target), None)
+
+
+def compare_stragglers(data: dict[str, Any]) -> list[dict]:
+    """The simulation against each run of a stragglers suite's results."""
+    inputs = straggler_inputs(data)
+    period, warmup = _local_sgd(data["job"])
+    rows = []
+    for r in data["rows"]:
+        spec = STRAGGLERS.get(r["algorithm"])
+        if spec is None:
+            continue
+        spec = f"local_sgd:{period}" if spec == "local_sgd" else spec
+        run = simulate(spec, r["hosts"], inputs["compute_s"], r["steps"],
+                       stragglers=Stragglers(slow=1, slowdown=inputs["slowdown"],
+                                             late_s=inputs["late_s"]),
+                       exchange_s=inputs["exchange_s"], transfer_s=inputs["transfer_s"],
+                       warmup_steps=warmup if spec.startswith("local_sgd") else 0)
+        clock = run.chief_clock
+        reached = _step_reaching(r, data["target_accuracy"])
+        rows.append({"algorithm": r["algorithm"], "label": r["label"], "simulated": spec,
+                     "fitted": r["algorithm"] in FITTED,
+                     "predicted_ms": (clock[-1] - clock[0]) / max(len(clock) - 1, 1) * 1e3,
+                     "measured_ms": mean_step_s(r) * 1e3,
+                     "reached_at_step": reached,
+                     "predicted_target_s": None if reached is None else clock[reached - 1] -
+                     clock[0],
+                     "measured_target_s": r["time_to_target_s"],
+                     "predicted_staleness": run.staleness_mean if run.staleness else None,
+                     "measured_staleness": r.get("staleness_mean")})
+    base = next((r for r in rows if r["algorithm"] == "sync"), None)
+    for r in rows:
+        r["step_error"] = r["predicted_ms"] / r["measured_ms"] - 1
+        r["predicted_ratio"] = r["measured_ratio"] = r["ratio_error"] = None
+        if base and None not in (r["predicted_target_s"], r["measured_target_s"],
+                                 base["predicted_target_s"], base["measured_target_s"]):
+            r["predicted_ratio"] = r["predicted_target_s"] / base["predicted_target_s"]
+            r["measured_ratio"] = r["measured_target_s"] / base["measured_target_s"]
+            r["ratio_error"] = r["predicted_ratio"] / r["measured_ratio"] - 1
+    return rows
+
+
+def stragglers_table(rows: list[dict]) -> str:
+    def cell(value, form):
+        return "" if value is None else format(value, form)
+
+    lines = ["| algorithm | simulated as | mean chief step (ms), simulated | measured | error | "
+             "time to target (s), simulated | measured | ratio to sync, simulated | measured | "
+             "error | staleness, simulated | measured |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['label']}{' (fitted)' if r['fitted'] else ''} | `{r['simulated']}` | "
+            f"{r['predicted_ms']:,.0f} | {r['measured_ms']:,.0f} | {r['step_error']:+.0%} | "
+            f"{cell(r['predicted_target_s'], '.1f')} | {cell(r['measured_target_s'], '.1f')} | "
+            f"{cell(r['predicted_ratio'], '.2f')} | {cell(r['measured_ratio'], '.2f')} | "
+            f"{cell(r['ratio_error'], '+.0%')} | {cell(r['predicted_staleness'], '.2f')} | "
+            f"{cell(r['measured_staleness'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def stragglers_summary(rows: list[dict]) -> str:
+    predicted = [r for r in rows if not r["fitted"] and r["ratio_error"] is not None]
+    order = [r["algorithm"] for r in sorted(rows, key=lambda r: r["measured_target_s"] or 1e9)]
+    simulated = [r["algorithm"] for r in sorted(rows, key=lambda r: r["predicted_target_s"]
+                                                or 1e9)]
+    within = sum(abs(r["ratio_error"]) <= 0.25 for r in predicted)
+    return (f"time to target, predicted runs: {within} of {len(predicted)} ratios to sync within "
+            f"25%; measured order {', '.join(order)}; simulated order {', '.join(simulated)}")
+
+
 def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
              results: str | None = None, calibrate: str | None = None) -> list[dict]:
     out_dir = Path(out)
@@ -118,11 +247,21 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
         raise ValueError(f"--results {results!r} does not exist: give a comm.json written by "
                          "`tfdist bench --suite comm`")
     data = json.loads(Path(results).read_text())
-    rows = compare(data, job_shapes(data["job"]), calibrations)
-    head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
-            f"{data['machine']}); calibration: "
-            f"{calibrations['tf.distribute'].source if calibrations else 'none'}.")
-    text = "\n\n".join([head, table(rows), summary(rows)]) + "\n"
+    if "straggler" in data:  # a stragglers suite's run: the simulation
+        rows = compare_stragglers(data)
+        inputs = straggler_inputs(data)
+        head = (f"Simulated by `tfdist.plan.simulate` for `{data['command']}` (measured "
+                f"{data['date']}, {data['machine']}), fitted: compute "
+                f"{inputs['compute_s'] * 1e3:.1f} ms, slowdown {inputs['slowdown']:g}, transfer "
+                f"{inputs['transfer_s'] * 1e3:.1f} ms, all-reduce {inputs['exchange_s'] * 1e3:.1f}"
+                f" ms, the slow worker's late start {inputs['late_s']:.2f} s.")
+        text = "\n\n".join([head, stragglers_table(rows), stragglers_summary(rows)]) + "\n"
+    else:
+        rows = compare(data, job_shapes(data["job"]), calibrations)
+        head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
+                f"{data['machine']}); calibration: "
+                f"{calibrations['tf.distribute'].source if calibrations else 'none'}.")
+        text = "\n\n".join([head, table(rows), summary(rows)]) + "\n"
     (out_dir / "plan.md").write_text(text)
     command = f"tfdist bench --suite plan --results {results}" + (
         f" --calibrate {calibrate}" if calibrate else "")

@@ -147,7 +147,7 @@ def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
         [sys.executable, "-X", "importtime", "-m", "tfdist.tools.cli", "plan",
          "--parameters", "25000000", "--compute-ms", "300", "--workers", "8,1024",
          "--per-host", "8", "--link", "25gbit", "--intra", "300gbit", "--latency-us", "10",
-         "--device-memory", "24GB", "--json", str(tmp_path / "plan.json")],
+         "--device-memory", "24GB", "--stragglers", "1:3", "--json", str(tmp_path / "plan.json")],
         capture_output=True, text=True, env=worker_env(), cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines()
@@ -159,10 +159,19 @@ def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
     for p in plans:
         assert p["recommended"] in {e["algorithm"] for e in p["estimates"]}
         assert "recommended: " in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "plan", "--parameters", "10",
-                          "--compute-ms", "1", "--algorithms", "dense,zip"],
-                         capture_output=True, text=True, env=worker_env(), timeout=120)
-    assert bad.returncode == 2 and "Unknown algorithm 'zip'" in bad.stderr
+        # one worker 3x slower: every synchronous step is its compute, then the dense exchange
+        dense = next(e for e in p["estimates"] if e["algorithm"] == "dense")
+        simulated = {run["algorithm"]: run for run in p["simulated"]}
+        assert list(simulated) == ["sync", "local_sgd:8", "ssp:4", "async"]
+        assert simulated["sync"]["step_s"] == pytest.approx(3 * 0.3 + dense["exchange_s"])
+        assert simulated["async"]["staleness_max"] > 0 == simulated["sync"]["staleness_max"]
+    assert out.stdout.count("simulated, 100 steps per worker, 1 worker(s) 3x slower") == 2
+    for args, message in ((["--algorithms", "dense,zip"], "Unknown algorithm 'zip'"),
+                          (["--stragglers", "0.1"], "the form is SLOW:SLOWDOWN")):
+        bad = subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "plan", "--parameters",
+                              "10", "--compute-ms", "1", *args],
+                             capture_output=True, text=True, env=worker_env(), timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr
 
 
 def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):

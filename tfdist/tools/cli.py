@@ -4,6 +4,7 @@
     tfdist bench --suite SUITE [--quick] [--out DIR] ...
     tfdist info
     tfdist plan [--config PATH] [--parameters N --compute-ms MS] --workers N,... --link RATE ...
+                [--stragglers SLOW:SLOWDOWN[:SIGMA[:LATE_S]]]
 
 Help (`tfdist --help`, `tfdist <command> --help`) comes from the parser alone: nothing here
 imports TensorFlow before a command runs (see `tfdist/__init__.py` for the package side).
@@ -56,7 +57,8 @@ SUITES = {
               "efficiency against the zero-communication limit",
     "plan": "the planner (tfdist plan) against the emulated cluster: runs the comm suite (or "
             "reads its comm.json, --results) and sets predicted step time and bytes beside the "
-            "measured ones, with the error",
+            "measured ones, with the error; given a stragglers suite's stragglers.json, the "
+            "straggler simulation beside its runs",
     "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",
@@ -122,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="collectives: all-reduce calls per tensor (default: 1,2,4,8)")
     bench.add_argument("--results", metavar="PATH",
                        help="plan: a comm suite's comm.json to compare with, instead of running "
-                            "the comm suite")
+                            "the comm suite; or a stragglers suite's stragglers.json, to compare "
+                            "the straggler simulation with")
     bench.add_argument("--calibrate", metavar="DIR",
                        help="plan: the collectives and compressors suites' JSON that calibrate "
                             "the planner (e.g. docs/benchmarks/data)")
@@ -180,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="add the engine's and compressors' own costs measured by `tfdist "
                            "bench --suite collectives` and `--suite compressors` (their "
                            "JSON in DIR, e.g. docs/benchmarks/data)")
+    plan.add_argument("--stragglers", metavar="SLOW:SLOWDOWN[:SIGMA[:LATE_S]]",
+                      help="also simulate synchronous, local SGD (H=8), bounded-staleness (4) "
+                           "and asynchronous training with this many slow workers (a count, or "
+                           "a share below 1), this many times slower, a log-normal spread of "
+                           "every step and a late start of the slow ones, e.g. 0.01:2:0.3 "
+                           "(tfdist.plan.simulate)")
     plan.add_argument("--json", metavar="PATH", help="also write the plans as JSON")
     return parser
 
@@ -433,9 +442,11 @@ def cmd_plan(args) -> int:
     except (ConfigError, ValueError) as e:
         print(f"tfdist plan: {e}", file=sys.stderr)
         return 2
-    planning.report(results, how)
+    stragglers = planning.parse_stragglers(args.stragglers) if args.stragglers else None
+    simulated = [planning.simulations(p, stragglers) for p in results] if stragglers else None
+    planning.report(results, how, stragglers=stragglers, simulated=simulated)
     if args.json:
-        planning.write_json(results, how, args.json)
+        planning.write_json(results, how, args.json, simulated)
     return 0
 
 

@@ -15,7 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tfdist.plan import Calibration, Cluster, Link, Plan, Workload, predict
+from tfdist.plan import (
+                         Calibration,
+                         Cluster,
+                         Link,
+                         Plan,
+                         Simulation,
+                         Stragglers,
+                         Workload,
+                         predict,
+                         simulate,
+)
 from tfdist.plan.planner import check_algorithms
 from tfdist.tools.emulated import parse_bandwidth
 
@@ -31,6 +41,46 @@ def parse_memory(text: str) -> int:
         raise ValueError(f"memory {text!r}: give a number and a unit, one of GB, GiB, MB, MiB "
                          "(e.g. 24GB, 80GiB)")
     return int(float(m.group(1)) * _MEMORY_UNITS[unit])
+
+
+def parse_stragglers(text: str) -> Stragglers:
+    """'0.01:2:0.3' -> Stragglers(slow=0.01, slowdown=2, sigma=0.3); a bad one is refused with
+    the form."""
+    parts = str(text).split(":")
+    try:
+        if not 2 <= len(parts) <= 4:
+            raise ValueError("give 2 to 4 numbers")
+        slow, slowdown, sigma, late = [float(p) for p in parts] + [0.0] * (4 - len(parts))
+        return Stragglers(slow=int(slow) if slow >= 1 and slow.is_integer() else slow,
+                          slowdown=slowdown, sigma=sigma, late_s=late)
+    except ValueError as e:
+        raise ValueError(f"--stragglers {text!r}: {e}; the form is SLOW:SLOWDOWN[:SIGMA"
+                         "[:LATE_S]], e.g. 1:3 (one worker 3x slower) or 0.01:2:0.3") from None
+
+
+SIMULATED = ("sync", "local_sgd:8", "ssp:4", "async")
+SIMULATED_STEPS = 100
+
+
+def simulations(plan: Plan, stragglers: Stragglers) -> list[Simulation]:
+    """The plan's workload and cluster played with `stragglers`: the all-reduce (and a local
+    SGD averaging) takes the dense exchange's time; a parameter-server push and pull take what
+    the servers' estimate gives (`ps:n/8`: one server per 8 workers, every worker sending)."""
+    dense, servers = predict(plan.workload, plan.cluster, ["dense", "ps:n/8"],
+                             calibration=plan.calibration).estimates
+    return [simulate(spec, plan.cluster.workers, plan.workload.compute_s, SIMULATED_STEPS,
+                     stragglers=stragglers, exchange_s=dense.exchange_s,
+                     transfer_s=servers.exchange_s) for spec in SIMULATED]
+
+
+def simulation_table(runs: list[Simulation]) -> str:
+    lines = ["| simulated | chief step (ms) | worker steps/s | waiting | staleness (mean, max) |",
+             "|---|---:|---:|---:|---:|"]
+    for r in runs:
+        staleness = f"{r.staleness_mean:,.1f}, {r.staleness_max:,}" if r.staleness else ""
+        lines.append(f"| {r.algorithm} | {r.step_s * 1e3:,.1f} | {r.throughput:,.1f} | "
+                     f"{r.waiting_share:.0%} | {staleness} |")
+    return "\n".join(lines)
 
 
 def link(bandwidth: str, latency_us: float) -> Link:
@@ -119,6 +169,8 @@ def check(args) -> None:
         parse_memory(args.device_memory)
     if args.algorithms:
         check_algorithms(args.algorithms)
+    if args.stragglers:
+        parse_stragglers(args.stragglers)
     cluster(args, 1)
     for name in ("compute_ms", "latency_us"):
         value = getattr(args, name)
@@ -135,13 +187,15 @@ def plans(args, config: dict[str, Any] | None) -> tuple[list[Plan], str]:
             for n in args.workers], how
 
 
-def report(results: list[Plan], how: str, out=sys.stdout) -> None:
+def report(results: list[Plan], how: str, out=sys.stdout, stragglers: Stragglers | None = None,
+           simulated: list[list[Simulation]] | None = None) -> None:
+    """The plans as text; with `stragglers`, each plan's `simulated` runs after it."""
     w = results[0].workload
     size = "" if "parameters" in w.name else f" ({w.parameters:,} parameters)"
     print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter, compute "
           f"{w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
     print(f"calibration: {results[0].calibration.source}", file=out)
-    for plan in results:
+    for k, plan in enumerate(results):
         c = plan.cluster
         intra = c.intra or c.link
         print(f"\n{c.workers:,} workers ({c.workers_per_host} per host, {c.hosts:,} hosts), "
@@ -157,9 +211,17 @@ def report(results: list[Plan], how: str, out=sys.stdout) -> None:
                 print(f"  {e.label}: {e.note}", file=out)
         for spec, why in plan.left_out.items():
             print(f"  left out: {spec}: {why}", file=out)
+        if stragglers is not None and simulated is not None:
+            print(f"\nsimulated, {SIMULATED_STEPS} steps per worker, {stragglers.slowed(c.workers)}"
+                  f" worker(s) {stragglers.slowdown:g}x slower, spread {stragglers.sigma:g}, late "
+                  f"start {stragglers.late_s:g} s (tfdist.plan.simulate):", file=out)
+            print(simulation_table(simulated[k]), file=out)
 
 
-def write_json(results: list[Plan], how: str, path: str) -> None:
+def write_json(results: list[Plan], how: str, path: str,
+               simulated: list[list[Simulation]] | None = None) -> None:
+    plans = [p.as_dict() for p in results]
+    for data, runs in zip(plans, simulated or [], strict=False):
+        data["simulated"] = [run.as_dict() | {"chief_clock": None} for run in runs]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"compute": how, "plans": [p.as_dict() for p in results]},
-                                     indent=2) + "\n")
+    Path(path).write_text(json.dumps({"compute": how, "plans": plans}, indent=2) + "\n")

@@ -294,7 +294,7 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
     events: list[tuple[float, int, str, int]] = []  # (time, order, kind, worker)
     order = 0
 
-    def push(time: float, kind: str, worker: int) -> None:
+    def schedule(time: float, kind: str, worker: int) -> None:
         nonlocal order
         heapq.heappush(events, (time, order, kind, worker))
         order += 1
@@ -306,7 +306,7 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
         return bound is None or done[i] - low <= bound
 
     for i in range(workers):
-        push(starts[i], "start", i)
+        schedule(starts[i], "start", i)
     while events:
         time, _, kind, i = heapq.heappop(events)
         if kind == "start":
@@ -316,10 +316,10 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
             pulled[i] = version
             compute = step(i)
             busy += compute + transfer_s
-            push(time + half + compute + half, "arrive", i)
+            schedule(time + half + compute + half, "arrive", i)
         elif kind == "arrive":
             server_free = max(server_free, time) + apply_s
-            push(server_free, "applied", i)
+            schedule(server_free, "applied", i)
         else:  # applied
             staleness[version - pulled[i]] += 1
             version += 1
@@ -329,13 +329,13 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
                 ready = [w for w in waiting if may_start(w)]
                 waiting = [w for w in waiting if not may_start(w)]
                 for w in ready:
-                    push(time, "start", w)
+                    schedule(time, "start", w)
             done[i] += 1
             at[done[i]] += 1
             if i == 0:
                 chief.append(time)
             if done[i] < steps:
-                push(time, "start", i)
+                schedule(time, "start", i)
             else:
                 finished[i] = time
     job = max(finished)

@@ -645,8 +645,9 @@ def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """Reads a YAML config (or starts from defaults), applies overrides, validates."""
+def read_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A YAML config (or {}) with the overrides applied, not validated: what the file and the
+    overrides say, without the defaults (and without loading TensorFlow)."""
     raw = copy.deepcopy(read_yaml_mapping(path, "config file")) if path is not None else {}
     for text in overrides:
         section, key, value = parse_override(text)
@@ -654,4 +655,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[
             raw[section] = {} if raw.get(section) is None else raw[section]
         if isinstance(raw[section], dict):
             raw[section][key] = value
-    return validate(raw)
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Reads a YAML config (or starts from defaults), applies overrides, validates."""
+    return validate(read_config(path, overrides))

@@ -51,8 +51,7 @@ def parse_stragglers(text: str) -> Stragglers:
         if not 2 <= len(parts) <= 4:
             raise ValueError("give 2 to 4 numbers")
         slow, slowdown, sigma, late = [float(p) for p in parts] + [0.0] * (4 - len(parts))
-        return Stragglers(slow=int(slow) if slow >= 1 and slow.is_integer() else slow,
-                          slowdown=slowdown, sigma=sigma, late_s=late)
+        return Stragglers(slow=slow, slowdown=slowdown, sigma=sigma, late_s=late)
     except ValueError as e:
         raise ValueError(f"--stragglers {text!r}: {e}; the form is SLOW:SLOWDOWN[:SIGMA"
                          "[:LATE_S]], e.g. 1:3 (one worker 3x slower) or 0.01:2:0.3") from None

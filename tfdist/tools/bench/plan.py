@@ -144,13 +144,9 @@ def straggler_inputs(data: dict[str, Any]) -> dict[str, float]:
 def _local_sgd(job: list[str]) -> tuple[int, int]:
     """The stragglers suite's local SGD job: its averaging period and synchronous warm-up (read
     from its config and the job's overrides, without loading TensorFlow)."""
-    from tfdist.tools.config import configs_dir, parse_override, read_yaml_mapping
+    from tfdist.tools.config import configs_dir, read_config
 
-    averaging = dict(read_yaml_mapping(configs_dir() / "local_sgd.yaml", "config")["averaging"])
-    for text in job:
-        section, key, value = parse_override(text)
-        if section == "averaging":
-            averaging[key] = value
+    averaging = read_config(configs_dir() / "local_sgd.yaml", job)["averaging"]
     return int(averaging["period"]), int(averaging.get("warmup_steps") or 0)
 
 
@@ -159,9 +155,9 @@ def _step_reaching(row: dict[str, Any], target: float) -> int | None:
     return next((int(step) for _, accuracy, step in row["curve"] if accuracy >= target), None)
 
 
-def compare_stragglers(data: dict[str, Any]) -> list[dict]:
-    """The simulation against each run of a stragglers suite's results."""
-    inputs = straggler_inputs(data)
+def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[dict]:
+    """The simulation, given its `straggler_inputs`, against each run of a stragglers suite's
+    results."""
     period, warmup = _local_sgd(data["job"])
     rows = []
     for r in data["rows"]:
@@ -248,8 +244,8 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                          "`tfdist bench --suite comm`")
     data = json.loads(Path(results).read_text())
     if "straggler" in data:  # a stragglers suite's run: the simulation
-        rows = compare_stragglers(data)
         inputs = straggler_inputs(data)
+        rows = compare_stragglers(data, inputs)
         head = (f"Simulated by `tfdist.plan.simulate` for `{data['command']}` (measured "
                 f"{data['date']}, {data['machine']}), fitted: compute "
                 f"{inputs['compute_s'] * 1e3:.1f} ms, slowdown {inputs['slowdown']:g}, transfer "

@@ -17,6 +17,8 @@ import tfdist
 from tests.conftest import ROOT, worker_env
 from tfdist import compression
 from tfdist.plan import Calibration, Cluster, Link, Stragglers, Workload, predict, simulate
+from tfdist.plan.simulate import STALENESS_BUCKETS
+from tfdist.ps.server import BUCKETS
 from tfdist.zero import memory_report
 
 REPLICAS = 4
@@ -243,8 +245,14 @@ def test_bounded_staleness_holds_the_fast_workers_to_the_slowest():
     late = simulate("ssp:1", 4, C, 40, stragglers=Stragglers(slow=1, slowdown=4, late_s=5))
     assert late.chief_clock[1] == pytest.approx(2 * C) and late.chief_clock[2] >= 5 + 4 * C
     assert late.job_seconds == pytest.approx(5 + 40 * 4 * C)
-    assert simulate("async", 4, C, 40, stragglers=Stragglers(1, 4, late_s=5)).seconds == \
-        pytest.approx(40 * C)
+    # its first push is computed on the weights pulled at the join (version 0): the 3 others'
+    # 2 pushes each came before it
+    assert late.staleness_max == 6 and late.staleness[6] == 1
+    free = simulate("async", 4, C, 40, stragglers=Stragglers(1, 4, late_s=5))
+    assert free.seconds == pytest.approx(40 * C)
+    # unbounded: the others' 120 pushes came first, counted as the servers count it, "63 or
+    # more"
+    assert free.staleness_max == STALENESS_BUCKETS - 1 == BUCKETS - 1 and free.staleness[63] == 1
 
 
 def test_spread_step_times_are_seeded_and_have_mean_one():
@@ -282,4 +290,11 @@ def test_the_simulated_stragglers_bench_keeps_the_measured_order(tmp_path):
     assert [r["algorithm"] for r in sorted(rows, key=lambda r: r["predicted_target_s"])] == order
     predicted = [r for r in rows if not r["fitted"]]
     assert len(predicted) == 4 and all(abs(r["ratio_error"]) <= 0.25 for r in predicted), rows
+    # The slow worker's first push, computed on the weights pulled at the join: as stale as
+    # every other worker's pushes until then (3 x (bound + 1); all of them, "63 or more", when
+    # nothing holds the others back).
+    servers = [r for r in rows if r["measured_staleness"]]
+    assert [r["predicted_staleness_max"] for r in servers] == \
+        [r["measured_staleness_max"] for r in servers] and len(servers) == 4
+    assert all(abs(r["predicted_staleness"] - r["measured_staleness"]) <= 0.05 for r in servers)
     assert stragglers_table(rows) in Path(ROOT, "docs/guides/planning.md").read_text()

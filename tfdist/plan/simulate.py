@@ -17,7 +17,10 @@ says, and waits where its algorithm makes it wait:
 - **async**: parameter servers with no bound.
 
 A push's staleness is the number of updates applied between its pull and its own update, as
-the parameter servers count it (`tfdist.ps`). The chief (worker 0) is never the one slowed: its
+the parameter servers count it (`tfdist.ps`): the last count is "63 or more". The servers start
+every worker together, once each has pulled the weights (`started`): a worker's first step
+computes on that pull, version 0, whatever its late start (`Stragglers.late_s`, the start-up
+that follows the pull: tracing the first step). The chief (worker 0) is never the one slowed: its
 time is the job's clock, as in `tfdist bench --suite stragglers`. What the simulation leaves
 out, it says: the steps an algorithm needs to reach an accuracy (give them, as the planner's
 steps factors), contention for links and cores, and start-up.
@@ -46,6 +49,8 @@ from collections.abc import Mapping
 
 from tfdist.arguments import check_int, check_number
 
+# The parameter servers' staleness histogram: 0 .. 62, then "63 or more" (tfdist.ps.server.BUCKETS).
+STALENESS_BUCKETS = 64
 ALGORITHM_HELP = "sync, local_sgd:PERIOD, ssp:STALENESS (0: synchronous parameter servers), async"
 
 
@@ -313,7 +318,7 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
             if not may_start(i):
                 waiting.append(i)
                 continue
-            pulled[i] = version
+            pulled[i] = version if done[i] else 0  # the first step's pull: at the join
             compute = step(i)
             busy += compute + transfer_s
             schedule(time + half + compute + half, "arrive", i)
@@ -321,7 +326,7 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
             server_free = max(server_free, time) + apply_s
             schedule(server_free, "applied", i)
         else:  # applied
-            staleness[version - pulled[i]] += 1
+            staleness[min(version - pulled[i], STALENESS_BUCKETS - 1)] += 1
             version += 1
             at[done[i]] -= 1
             if done[i] == low and not at[low]:

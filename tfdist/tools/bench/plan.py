@@ -181,7 +181,9 @@ def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[d
                      clock[0],
                      "measured_target_s": r["time_to_target_s"],
                      "predicted_staleness": run.staleness_mean if run.staleness else None,
-                     "measured_staleness": r.get("staleness_mean")})
+                     "measured_staleness": r.get("staleness_mean"),
+                     "predicted_staleness_max": run.staleness_max if run.staleness else None,
+                     "measured_staleness_max": r.get("staleness_max")})
     base = next((r for r in rows if r["algorithm"] == "sync"), None)
     for r in rows:
         r["step_error"] = r["predicted_ms"] / r["measured_ms"] - 1
@@ -198,9 +200,12 @@ def stragglers_table(rows: list[dict]) -> str:
     def cell(value, form):
         return "" if value is None else format(value, form)
 
+    def staleness(mean, most):
+        return "" if mean is None else f"{mean:.2f} (max {most})"
+
     lines = ["| algorithm | simulated as | mean chief step (ms), simulated | measured | error | "
              "time to target (s), simulated | measured | ratio to sync, simulated | measured | "
-             "error | staleness, simulated | measured |",
+             "error | staleness: mean (max), simulated | measured |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
@@ -208,8 +213,9 @@ def stragglers_table(rows: list[dict]) -> str:
             f"{r['predicted_ms']:,.0f} | {r['measured_ms']:,.0f} | {r['step_error']:+.0%} | "
             f"{cell(r['predicted_target_s'], '.1f')} | {cell(r['measured_target_s'], '.1f')} | "
             f"{cell(r['predicted_ratio'], '.2f')} | {cell(r['measured_ratio'], '.2f')} | "
-            f"{cell(r['ratio_error'], '+.0%')} | {cell(r['predicted_staleness'], '.2f')} | "
-            f"{cell(r['measured_staleness'], '.2f')} |")
+            f"{cell(r['ratio_error'], '+.0%')} | "
+            f"{staleness(r['predicted_staleness'], r['predicted_staleness_max'])} | "
+            f"{staleness(r['measured_staleness'], r['measured_staleness_max'])} |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,16 @@ import pytest
 from tests.conftest import horovod_available
 from tests.test_emulated import needs_netns
 from tfdist.tools import emulated
-from tfdist.tools.bench.comm import LIMIT, auto_check, load_plan, page_table, run_comm
+from tfdist.tools.bench.comm import (
+    LIMIT,
+    auto_check,
+    breakdown,
+    breakdown_table,
+    compressor_ms,
+    load_plan,
+    page_table,
+    run_comm,
+)
 from tfdist.tools.config import ConfigError
 
 SPEC = """
@@ -115,8 +124,18 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     assert saved["failures"] == [] and len(saved["rows"]) == len(by)
     assert saved["date"] and "TensorFlow" in saved["machine"]  # what a benchmark page names
     assert "| 2 | 1gbit | PowerSGD |" in (out / "comm.md").read_text()
-    # A benchmark page shows the same table, read back from the JSON alone.
+    # A benchmark page shows the same tables, read back from the JSON alone.
     assert page_table(saved) in (out / "comm.md").read_text()
+    # Every run's step against the limit's: compute is the limit's step, wire the counted bytes
+    # at 1 Gbit/s, the compressor's own work timed for PowerSGD alone
+    for r in rows:
+        if r["algorithm"] != LIMIT:
+            assert r["compute_ms"] == by[LIMIT]["step_ms"]
+            assert r["wire_ms"] == pytest.approx(8 * r["bytes_per_step"] / 1e6)
+            assert (r["compressor_ms"] > 0) == (r["algorithm"] == "powersgd")
+            assert r["rest_ms"] == pytest.approx(r["step_ms"] - r["compute_ms"] - r["wire_ms"] -
+                                                 r["compressor_ms"])
+    assert "Per-step breakdown (ms)" in page_table(saved)
     assert by["powersgd"]["collectives_per_step"] == 3.0  # P's, Q's, the dense rest
     assert by["dense_keras"]["collectives_per_step"] == 1.0
     picks = (out / "decisions.md").read_text()
@@ -151,3 +170,33 @@ def test_auto_is_judged_against_the_fixed_algorithms_of_its_run():
     assert lines[2] == "| 2 | 100mbit | powersgd | 8.8 | 1.10x (powersgd) | 0.20x |"
     assert lines[3] == "| 2 | 10gbit | fp16 | not reached | n/a (fp16) | n/a |"
     assert auto_check(plan, rows[:2]) == ""  # no auto row, no table
+
+
+def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path):
+    """Compute is the limit's step, wire the counted bytes at the link rate, the compressor its
+    own work on the run's model (PowerSGD > 0, dense 0, timed on the config's model), the rest
+    what remains (negative where communication overlapped)."""
+    import yaml
+
+    from tfdist.tools.config import load_config
+
+    row = {"model": "m", "hosts": 2, "bandwidth": "100mbit", "label": "x", "step_ms": 200.0,
+           "bytes_per_step": 1_250_000.0}
+    parts = breakdown(row, 50.0, 20.0)
+    assert parts == {"compute_ms": 50.0, "wire_ms": pytest.approx(100.0), "compressor_ms": 20.0,
+                     "rest_ms": pytest.approx(30.0)}
+    assert breakdown(row, None, 0.0) == {}
+    assert breakdown({**row, "step_ms": 120.0}, 50.0, 20.0)["rest_ms"] < 0
+    lines = breakdown_table([{**row, **parts}]).splitlines()
+    assert lines[2] == "| m | 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
+    # the comm suite's rows name no model: no model column
+    unnamed = {k: v for k, v in row.items() if k != "model"}
+    assert breakdown_table([{**unnamed, **parts}]).splitlines()[2] == \
+        "| 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
+    timed = {**row, **parts, "startup_s": 21.46, "first_step_s": 13.62}
+    assert breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
+    for name, positive in (("powersgd.yaml", True), ("default.yaml", False)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(load_config(f"configs/{name}")))
+        assert (compressor_ms(run_dir, repeats=2) > 0) == positive

@@ -70,32 +70,6 @@ def test_throughput_and_scaling_efficiency():
     assert lines[3].endswith("| 8,192 tokens/s | 1.60x | 80% | 1 | 8 | 10 |")
 
 
-def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path):
-    """Compute is the limit's step, wire the counted bytes at the link rate, the compressor its
-    own work on the run's model (PowerSGD > 0, dense 0, timed on the config's model), the rest
-    what remains (negative where communication overlapped)."""
-    import yaml
-
-    from tfdist.tools.config import load_config
-
-    row = {"model": "m", "hosts": 2, "bandwidth": "100mbit", "label": "x", "step_ms": 200.0,
-           "bytes_per_step": 1_250_000.0}
-    parts = models.breakdown(row, 50.0, 20.0)
-    assert parts == {"compute_ms": 50.0, "wire_ms": pytest.approx(100.0), "compressor_ms": 20.0,
-                     "rest_ms": pytest.approx(30.0)}
-    assert models.breakdown(row, None, 0.0) == {}
-    assert models.breakdown({**row, "step_ms": 120.0}, 50.0, 20.0)["rest_ms"] < 0
-    lines = models.breakdown_table([{**row, **parts}]).splitlines()
-    assert lines[2] == "| m | 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
-    timed = {**row, **parts, "startup_s": 21.46, "first_step_s": 13.62}
-    assert models.breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
-    for name, positive in (("powersgd.yaml", True), ("default.yaml", False)):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(load_config(f"configs/{name}")))
-        assert (models.compressor_ms(run_dir, repeats=2) > 0) == positive
-
-
 def test_the_encoders_position_table_is_trained_and_saved(tmp_path):
     """The encoder's learned positions are a weight of the model: one SGD step moves them, and
     a saved model loads with the same table and the same predictions."""

@@ -13,6 +13,15 @@ steps with no exchange at all (each trains alone on its share of the batch), whi
 compute-only step time; the limit's accuracy curve is the baseline's (synchronous training does
 the same arithmetic whatever the network), at that step time.
 
+Once the limit has run, every run of that cluster gets a per-step breakdown (`breakdown`):
+compute, the limit's step (measured: the forward and backward passes and the optimizer's
+update); wire, the bytes the worker sends per step (counted by its optimizer; for Keras' own
+exchange, its formula: `tfdist.tools.runner.keras_exchange`) at the link's rate; compressor, the
+compressor's own work on the model's gradients (measured in this process over a loopback
+communicator, as the compressors suite does); and the rest of the step (latency, framework
+work, the hosts sharing this machine's cores), negative where communication overlapped
+computation.
+
 Everything is validated before any namespace is created. Results are written after every run
 (nothing is lost if a later run fails): OUT/comm.md, OUT/comm.json, OUT/comm_accuracy_<N>hosts.png
 and OUT/comm_bytes.png; each run's summary, worker logs and TensorBoard logs go to
@@ -318,6 +327,46 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
             "curve": curve}
 
 
+def compressor_ms(run_dir: Path, repeats: int = 10) -> float:
+    """The compressor's own work per step on the model of the run in `run_dir` (its
+    config.yaml): one exchange of the gradients it compresses, over a loopback communicator;
+    0 for a dense exchange."""
+    import numpy as np
+
+    from tfdist.tools.bench.compressors import time_exchange
+    from tfdist.tools.engines import make_compressor
+    from tfdist.tools.runner import load_data, make_model
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    compressor = make_compressor(config["compression"])
+    if compressor is None:
+        return 0.0
+    section = config["compression"]
+    model = make_model(config, load_data(config))
+    shapes = [tuple(v.shape) for v in model.trainable_weights
+              if int(np.prod(v.shape)) >= section["min_size"]
+              and (len(v.shape) >= 2 or section["compress_1d"])
+              and compressor.applies_to(v.shape)]
+    return time_exchange(compressor, repeats=repeats, shapes=shapes)["ms"] if shapes else 0.0
+
+
+def breakdown(row: dict, compute_ms: float | None, compressor: float) -> dict:
+    """Compute, wire, compressor and the rest of one row's step, in ms (None: no limit run)."""
+    if compute_ms is None:
+        return {}
+    wire = 1000.0 * 8 * row["bytes_per_step"] / emulated.parse_bandwidth(row["bandwidth"])
+    return {"compute_ms": compute_ms, "wire_ms": wire, "compressor_ms": compressor,
+            "rest_ms": row["step_ms"] - compute_ms - wire - compressor}
+
+
+def _add_breakdowns(rows: list[dict], run_dirs: list[Path], limit_ms: float) -> None:
+    """Each run of one cluster (not its limit) gets `breakdown` against the limit's step."""
+    for row, run_dir in zip(rows, run_dirs):
+        if row["algorithm"] != LIMIT:
+            work = compressor_ms(run_dir) if (run_dir / "config.yaml").exists() else 0.0
+            row.update(breakdown(row, limit_ms, work))
+
+
 def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
     """Runs the plan; writes the table, JSON and plots after every run."""
     out_dir = out_dir.resolve()  # the hosts' shared storage: the only files they share
@@ -329,6 +378,7 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
         for link in plan.bandwidths:
             with emulated.EmulatedCluster(hosts, link, plan.delay, shared=[out_dir]) as cluster:
                 baseline: dict | None = None
+                ran: list[tuple[dict, Path]] = []  # this cluster's rows and their run dirs
                 for algo in [*plan.algorithms, None]:
                     key = LIMIT if algo is None else algo.key
                     where = f"{hosts} hosts @ {link}"
@@ -346,11 +396,13 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                     if algo is None:
                         assert baseline is not None
                         row = _limit_row(plan, hosts, link, baseline, s)
+                        _add_breakdowns([r for r, _ in ran], [d for _, d in ran], row["step_ms"])
                     else:
                         row = _row(plan, hosts, link, algo, s)
                         if algo is plan.algorithms[0]:
                             baseline = row
                     rows.append(row)
+                    ran.append((row, run_dir))
                     progress.end(f"accuracy {row['final_accuracy']:.4f}, "
                                  f"{row['step_ms']:.0f} ms/step")
                     write(plan, rows, failures, out_dir, command)
@@ -367,8 +419,36 @@ def _fmt_time(t: float | None) -> str:
 
 
 def page_table(result: dict) -> str:
-    """The benchmark page's table, from the suite's JSON (what `write` saved)."""
-    return table(result["target_accuracy"], result["baseline"], result["rows"])
+    """The benchmark page's tables, from the suite's JSON (what `write` saved)."""
+    return _with_breakdown(table(result["target_accuracy"], result["baseline"], result["rows"]),
+                           result["rows"])
+
+
+def _with_breakdown(text: str, rows: list[dict]) -> str:
+    if not any("compute_ms" in r for r in rows):  # no limit run (or a result saved before)
+        return text
+    return f"{text}\n\nPer-step breakdown (ms):\n\n{breakdown_table(rows)}"
+
+
+def breakdown_table(rows: list[dict]) -> str:
+    """The rows' `breakdown`s, with each run's start-up; a model column where rows name one
+    (the models suite)."""
+    models = any("model" in r for r in rows)
+    lines = [("| model " if models else "") + "| hosts | link | algorithm | step (ms) | compute | "
+             "wire at link rate | compressor | rest | start-up (s) | first step (s) |",
+             ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "compute_ms" in r:
+            lines.append((f"| {r['model']} " if models else "") +
+                         f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | "
+                         f"{r['step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
+                         f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
+                         f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
+    return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def table(target_accuracy: float, baseline: str, rows: list[dict]) -> str:
@@ -512,7 +592,7 @@ def auto_check(plan: Plan, rows: list[dict]) -> str:
 
 def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
           command: str) -> None:
-    text = table(plan.target_accuracy, plan.baseline, rows)
+    text = _with_breakdown(table(plan.target_accuracy, plan.baseline, rows), rows)
     (out_dir / "comm.md").write_text(f"Command: `{command}`\n\n{text}\n")
     picks = decisions(plan, rows)
     (out_dir / "decisions.md").write_text(
@@ -558,4 +638,5 @@ def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
     return rows
 
 
-__all__ = ["Plan", "load_plan", "run_comm"]
+__all__ = ["Plan", "breakdown", "breakdown_table", "compressor_ms",
+           "load_plan", "run_comm"]

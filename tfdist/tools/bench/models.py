@@ -13,13 +13,8 @@ batch at the same time with no exchange, in the same sweep) over the run's. Writ
 OUT/models.md, OUT/models.json, OUT/models_*.png and each model's comm-suite files under
 OUT/<model>/<hosts>hosts/.
 
-Each row also gets a per-step breakdown (`breakdown`): compute, the zero-communication limit's
-step (measured); wire, the bytes the worker sends per step (counted by its optimizer; for
-Keras' own exchange, its formula: `tfdist.tools.runner.keras_exchange`) at the link's rate;
-compressor, the compressor's own work on this model's gradients (measured in this process over
-a loopback communicator, as the compressors suite does); and the rest of the step (latency,
-framework work, both hosts sharing this machine's cores), negative where communication
-overlapped computation.
+Each row also carries the comm suite's per-step breakdown (`tfdist.tools.bench.comm.breakdown`):
+compute, wire at the link's rate, the compressor's own work, and the rest.
 """
 
 from __future__ import annotations
@@ -30,10 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
-from tfdist.tools import emulated
 from tfdist.tools.bench import comm, plots
 from tfdist.tools.bench.machine import stamp
 from tfdist.tools.config import ConfigError, configs_dir, read_yaml_mapping
@@ -122,53 +115,6 @@ def rows_with_throughput(model: str, info: dict, rows: list[dict]) -> list[dict]
     return out
 
 
-def compressor_ms(run_dir: Path, repeats: int = 10) -> float:
-    """The compressor's own work per step on the model of the run in `run_dir` (its
-    config.yaml): one exchange of the gradients it compresses, over a loopback communicator;
-    0 for a dense exchange."""
-    from tfdist.tools.bench.compressors import time_exchange
-    from tfdist.tools.engines import make_compressor
-    from tfdist.tools.runner import load_data, make_model
-
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    compressor = make_compressor(config["compression"])
-    if compressor is None:
-        return 0.0
-    section = config["compression"]
-    model = make_model(config, load_data(config))
-    shapes = [tuple(v.shape) for v in model.trainable_weights
-              if int(np.prod(v.shape)) >= section["min_size"]
-              and (len(v.shape) >= 2 or section["compress_1d"])
-              and compressor.applies_to(v.shape)]
-    return time_exchange(compressor, repeats=repeats, shapes=shapes)["ms"] if shapes else 0.0
-
-
-def breakdown(row: dict, compute_ms: float | None, compressor: float) -> dict:
-    """Compute, wire, compressor and the rest of one row's step, in ms (None: no limit run)."""
-    if compute_ms is None:
-        return {}
-    wire = 1000.0 * 8 * row["bytes_per_step"] / emulated.parse_bandwidth(row["bandwidth"])
-    return {"compute_ms": compute_ms, "wire_ms": wire, "compressor_ms": compressor,
-            "rest_ms": row["step_ms"] - compute_ms - wire - compressor}
-
-
-def breakdown_table(rows: list[dict]) -> str:
-    lines = ["| model | hosts | link | algorithm | step (ms) | compute | wire at link rate | "
-             "compressor | rest | start-up (s) | first step (s) |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        if "compute_ms" in r:
-            lines.append(f"| {r['model']} | {r['hosts']} | {r['bandwidth']} | {r['label']} | "
-                         f"{r['step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
-                         f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
-                         f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
-    return "\n".join(lines)
-
-
-def _seconds(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
-
-
 def table(rows: list[dict]) -> str:
     lines = ["| model | hosts | link | algorithm | step time (ms) | throughput | vs first row "
              "| scaling efficiency | collectives/step | bytes/step/worker "
@@ -194,7 +140,7 @@ def write(rows: list[dict], failures: list[str], out_dir: Path, command: str,
           spec: dict) -> None:
     (out_dir / "models.md").write_text(
         f"Command: `{command}`\n\n{table(rows)}\n\nPer-step breakdown (ms):\n\n"
-        f"{breakdown_table(rows)}\n")
+        f"{comm.breakdown_table(rows)}\n")
     models = {k: {"label": v.get("label"), "unit": v.get("unit"),
                   "per_worker_batch": v.get("per_worker_batch"), "job": v.get("job")}
               for k, v in (spec.get("models") or {}).items()}
@@ -232,17 +178,11 @@ def run_models(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=No
             failures.append(f"{model}, {hosts_n} hosts: {e}")
             saved = json.loads((out_dir / model / f"{hosts_n}hosts" / "comm.json").read_text())
             got = saved["rows"]
-        new = rows_with_throughput(model, info, got)
-        for r in new:
-            run_dir = out_dir / model / f"{hosts_n}hosts" / "comm" / \
-                f"{r['hosts']}hosts-{r['bandwidth']}" / r["algorithm"]
-            work = compressor_ms(run_dir) if (run_dir / "config.yaml").exists() else 0.0
-            r.update(breakdown(r, r["limit_step_ms"], work))
-        rows += new
+        rows += rows_with_throughput(model, info, got)
         write(rows, failures, out_dir, command, spec_data)
     write(rows, failures, out_dir, command, spec_data)
     print(table(rows))
-    print(breakdown_table(rows))
+    print(comm.breakdown_table(rows))
     print(f"bench: wrote {out_dir / 'models.md'}, {out_dir / 'models.json'} and "
           f"models_*.png in {out_dir}")
     if failures:
@@ -250,5 +190,4 @@ def run_models(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=No
     return rows
 
 
-__all__ = ["breakdown", "breakdown_table", "compressor_ms", "load", "run_models",
-           "rows_with_throughput", "table"]
+__all__ = ["load", "run_models", "rows_with_throughput", "table"]

@@ -195,8 +195,10 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
         "| 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
     timed = {**row, **parts, "startup_s": 21.46, "first_step_s": 13.62}
     assert breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
-    for name, positive in (("powersgd.yaml", True), ("default.yaml", False)):
-        run_dir = tmp_path / name
+    for name, picked, positive in (("powersgd.yaml", None, True), ("default.yaml", None, False),
+                                   ("auto.yaml", "powersgd", True), ("auto.yaml", "dense", False)):
+        run_dir = tmp_path / f"{name}-{picked}"
         run_dir.mkdir()
         (run_dir / "config.yaml").write_text(yaml.safe_dump(load_config(f"configs/{name}")))
-        assert (compressor_ms(run_dir, repeats=2) > 0) == positive
+        # an `auto` run's compressor is the candidate it picked
+        assert (compressor_ms(run_dir, repeats=2, picked=picked) > 0) == positive

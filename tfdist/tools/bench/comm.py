@@ -327,21 +327,28 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
             "curve": curve}
 
 
-def compressor_ms(run_dir: Path, repeats: int = 10) -> float:
+def compressor_ms(run_dir: Path, repeats: int = 10, picked: str | None = None) -> float:
     """The compressor's own work per step on the model of the run in `run_dir` (its
     config.yaml): one exchange of the gradients it compresses, over a loopback communicator;
-    0 for a dense exchange."""
+    0 for a dense exchange. An `auto` run's is that of the candidate it `picked`."""
     import numpy as np
 
+    from tfdist import compression
+    from tfdist.optimizers import AutoExchange
     from tfdist.tools.bench.compressors import time_exchange
     from tfdist.tools.engines import make_compressor
     from tfdist.tools.runner import load_data, make_model
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    compressor = make_compressor(config["compression"])
+    section = config["compression"]
+    if section["name"] == AUTO:
+        chosen = [c.compressor for c in AutoExchange(**section["options"]).candidates
+                  if c.name == picked]
+        compressor = compression.get(chosen[0]) if chosen and chosen[0] is not None else None
+    else:
+        compressor = make_compressor(section)
     if compressor is None:
         return 0.0
-    section = config["compression"]
     model = make_model(config, load_data(config))
     shapes = [tuple(v.shape) for v in model.trainable_weights
               if int(np.prod(v.shape)) >= section["min_size"]
@@ -363,7 +370,8 @@ def _add_breakdowns(rows: list[dict], run_dirs: list[Path], limit_ms: float) -> 
     """Each run of one cluster (not its limit) gets `breakdown` against the limit's step."""
     for row, run_dir in zip(rows, run_dirs):
         if row["algorithm"] != LIMIT:
-            work = compressor_ms(run_dir) if (run_dir / "config.yaml").exists() else 0.0
+            work = compressor_ms(run_dir, picked=row.get("auto_choice")) \
+                if (run_dir / "config.yaml").exists() else 0.0
             row.update(breakdown(row, limit_ms, work))
 
 
@@ -396,7 +404,6 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                     if algo is None:
                         assert baseline is not None
                         row = _limit_row(plan, hosts, link, baseline, s)
-                        _add_breakdowns([r for r, _ in ran], [d for _, d in ran], row["step_ms"])
                     else:
                         row = _row(plan, hosts, link, algo, s)
                         if algo is plan.algorithms[0]:
@@ -406,6 +413,8 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                     progress.end(f"accuracy {row['final_accuracy']:.4f}, "
                                  f"{row['step_ms']:.0f} ms/step")
                     write(plan, rows, failures, out_dir, command)
+                if ran and ran[-1][0]["algorithm"] == LIMIT:  # written first: nothing lost
+                    _add_breakdowns([r for r, _ in ran], [d for _, d in ran], ran[-1][0]["step_ms"])
     write(plan, rows, failures, out_dir, command)
     if failures:
         raise RuntimeError(f"{len(failures)} of {plan.runs} runs failed:\n" + "\n".join(failures))

@@ -133,8 +133,9 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
             assert r["compute_ms"] == by[LIMIT]["step_ms"]
             assert r["wire_ms"] == pytest.approx(8 * r["bytes_per_step"] / 1e6)
             assert (r["compressor_ms"] > 0) == (r["algorithm"] == "powersgd")
-            assert r["rest_ms"] == pytest.approx(r["step_ms"] - r["compute_ms"] - r["wire_ms"] -
-                                                 r["compressor_ms"])
+            assert r["mean_step_ms"] == pytest.approx(1000 * r["train_seconds"] / (r["steps"] - 1))
+            assert r["rest_ms"] == pytest.approx(r["mean_step_ms"] - r["compute_ms"] -
+                                                 r["wire_ms"] - r["compressor_ms"])
     assert "Per-step breakdown (ms)" in page_table(saved)
     assert by["powersgd"]["collectives_per_step"] == 3.0  # P's, Q's, the dense rest
     assert by["dense_keras"]["collectives_per_step"] == 1.0
@@ -180,13 +181,16 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
 
     from tfdist.tools.config import load_config
 
-    row = {"model": "m", "hosts": 2, "bandwidth": "100mbit", "label": "x", "step_ms": 200.0,
-           "bytes_per_step": 1_250_000.0}
+    # 11 steps, the first left out: 10 timed steps in 2 s, a mean step of 200 ms (the median,
+    # 150 ms, leaves out the steps that carried the bytes, as local SGD's averaging rounds)
+    row = {"model": "m", "hosts": 2, "bandwidth": "100mbit", "label": "x", "step_ms": 150.0,
+           "train_seconds": 2.0, "steps": 11, "bytes_per_step": 1_250_000.0}
     parts = breakdown(row, 50.0, 20.0)
-    assert parts == {"compute_ms": 50.0, "wire_ms": pytest.approx(100.0), "compressor_ms": 20.0,
+    assert parts == {"mean_step_ms": pytest.approx(200.0), "compute_ms": 50.0,
+                     "wire_ms": pytest.approx(100.0), "compressor_ms": 20.0,
                      "rest_ms": pytest.approx(30.0)}
     assert breakdown(row, None, 0.0) == {}
-    assert breakdown({**row, "step_ms": 120.0}, 50.0, 20.0)["rest_ms"] < 0
+    assert breakdown({**row, "train_seconds": 1.2}, 50.0, 20.0)["rest_ms"] < 0
     lines = breakdown_table([{**row, **parts}]).splitlines()
     assert lines[2] == "| m | 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
     # the comm suite's rows name no model: no model column

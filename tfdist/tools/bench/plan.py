@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist.plan import Calibration, Cluster, Link, Stragglers, Workload, predict, simulate
+from tfdist.tools.bench.comm import mean_step_s
 from tfdist.tools.bench.machine import stamp
 from tfdist.tools.emulated import parse_bandwidth
 
@@ -44,11 +45,6 @@ ALGORITHMS = {
     "local_sgd": ("local_sgd:8", "tf.distribute"),
 }
 LIMIT = "limit"
-
-
-def mean_step_s(row: dict[str, Any]) -> float:
-    """A comm-suite run's mean step: its training time over its timed steps."""
-    return row["train_seconds"] / max(row["steps"] - 1, 1)
 
 
 def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:

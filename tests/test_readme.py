@@ -57,6 +57,14 @@ def test_the_readme_and_the_docs_have_runnable_examples():
         "placeholders left in an example"
 
 
+def test_no_page_shows_a_template_placeholder():
+    """A line that is only `{name}` (a table meant to be filled in) is never published."""
+    left = [f"{path.relative_to(ROOT)}:{number}" for path in [README, *DOCS]
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if re.fullmatch(r"\{\w+\}", line.strip())]
+    assert not left, f"unfilled placeholders: {left}"
+
+
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
 def test_readme_example_runs_as_written(tmp_path, line, code, zygote):
     _runs_as_written(tmp_path, line, code, zygote=zygote)

@@ -374,9 +374,10 @@ def breakdown(row: dict, compute_ms: float | None, compressor: float) -> dict:
             "compressor_ms": compressor, "rest_ms": step - compute_ms - wire - compressor}
 
 
-def _add_breakdowns(rows: list[dict], run_dirs: list[Path], limit_ms: float) -> None:
-    """Each run of one cluster (not its limit) gets `breakdown` against the limit's step."""
-    for row, run_dir in zip(rows, run_dirs):
+def _add_breakdowns(ran: list[tuple[dict, Path]], limit_ms: float) -> None:
+    """Each run of one cluster (row, run directory), not its limit, gets `breakdown` against
+    the limit's step."""
+    for row, run_dir in ran:
         if row["algorithm"] != LIMIT:
             work = compressor_ms(run_dir, picked=row.get("auto_choice")) \
                 if (run_dir / "config.yaml").exists() else 0.0
@@ -422,7 +423,7 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                                  f"{row['step_ms']:.0f} ms/step")
                     write(plan, rows, failures, out_dir, command)
                 if ran and ran[-1][0]["algorithm"] == LIMIT:  # written first: nothing lost
-                    _add_breakdowns([r for r, _ in ran], [d for _, d in ran], ran[-1][0]["step_ms"])
+                    _add_breakdowns(ran, ran[-1][0]["step_ms"])
     write(plan, rows, failures, out_dir, command)
     if failures:
         raise RuntimeError(f"{len(failures)} of {plan.runs} runs failed:\n" + "\n".join(failures))

@@ -425,6 +425,7 @@ def test_bench_overhead_reaches_keras_weights(tmp_path, monkeypatch):
     from tfdist.tools.bench.suites import run_suite
 
     monkeypatch.setattr(overhead, "HIDDEN", (32,))
+    monkeypatch.setattr(overhead, "UPDATE_MODELS", (("mlp", (64,), 10, (32,)),))
     rows = run_suite("overhead", steps=4, repeats=2, out=str(tmp_path))
     assert [r["variant"] for r in rows] == [key for key, *_ in overhead.VARIANTS]
     parameters = 64 * 32 + 32 + 32 * 10 + 10
@@ -438,8 +439,20 @@ def test_bench_overhead_reaches_keras_weights(tmp_path, monkeypatch):
         assert r["max_weight_diff"] < 1e-5 if rounding else r["max_weight_diff"] == 0, r
         assert r["loss"] == pytest.approx(base["loss"], abs=1e-5)
     assert [r["variant"] for r in rows if r["baseline"] == r["variant"]] == ["keras", "keras_adam"]
+    # the update alone: Keras' update, the fused one and Keras' through the wrapper, per
+    # optimizer, from the same weights with the same gradients
+    updates = json.loads((tmp_path / "overhead.json").read_text())["update_rows"]
+    assert [(r["optimizer"], r["variant"]) for r in updates] == [
+        (name, key) for name in ("sgd", "adam") for key, *_ in overhead.UPDATE_VARIANTS]
+    for r in updates:
+        assert r["parameters"] == parameters and r["variables"] == 4
+        assert r["update_ms"] > 0 and len(r["repeat_ms"]) == 2
+        exact = not (r["variant"] == "fused" and r["optimizer"] == "adam")
+        assert r["max_weight_diff"] == 0 if exact else 0 < r["max_weight_diff"] < 1e-5, r
+    assert [r["speedup"] for r in updates if r["variant"] == "keras"] == [1.0, 1.0]
     table = (tmp_path / "overhead.md").read_text()
-    assert table.count("\n| ") == len(rows) + 1 and "local SGD (local steps)" in table
+    assert table.count("\n| ") == len(rows) + len(updates) + 2
+    assert "local SGD (local steps)" in table and "fused update (one kernel per variable)" in table
     assert (tmp_path / "overhead.png").read_bytes()[:4] == b"\x89PNG"
 
 

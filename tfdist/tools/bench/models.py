@@ -136,11 +136,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def page_table(result: dict) -> str:
+    """The benchmark page's tables, from the suite's JSON (what `write` saved): one row per
+    run, then each run's per-step breakdown."""
+    rows = result["rows"]
+    return f"{table(rows)}\n\nPer-step breakdown (ms):\n\n{comm.breakdown_table(rows)}"
+
+
 def write(rows: list[dict], failures: list[str], out_dir: Path, command: str,
           spec: dict) -> None:
-    (out_dir / "models.md").write_text(
-        f"Command: `{command}`\n\n{table(rows)}\n\nPer-step breakdown (ms):\n\n"
-        f"{comm.breakdown_table(rows)}\n")
+    (out_dir / "models.md").write_text(f"Command: `{command}`\n\n{page_table({'rows': rows})}\n")
     models = {k: {"label": v.get("label"), "unit": v.get("unit"),
                   "per_worker_batch": v.get("per_worker_batch"), "job": v.get("job")}
               for k, v in (spec.get("models") or {}).items()}
@@ -181,8 +186,7 @@ def run_models(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=No
         rows += rows_with_throughput(model, info, got)
         write(rows, failures, out_dir, command, spec_data)
     write(rows, failures, out_dir, command, spec_data)
-    print(table(rows))
-    print(comm.breakdown_table(rows))
+    print(page_table({"rows": rows}))
     print(f"bench: wrote {out_dir / 'models.md'}, {out_dir / 'models.json'} and "
           f"models_*.png in {out_dir}")
     if failures:
@@ -190,4 +194,4 @@ def run_models(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=No
     return rows
 
 
-__all__ = ["load", "run_models", "rows_with_throughput", "table"]
+__all__ = ["load", "page_table", "run_models", "rows_with_throughput", "table"]

@@ -18,6 +18,11 @@ difference between its weights and the baseline's after the same steps (in a wor
 wrapper must not change the answer; Adam's fused kernel rounds differently). The model is the
 comm suite's 5.5M-parameter MLP (64-2304-2304-10, batch 64): its per-step passes over the
 gradients are large enough to see.
+
+The update alone (`update_rows`): on that MLP and on the models suite's ResNet-50, the same
+gradients applied 20 times in one traced function by Keras' optimizer, by the wrapper with its
+fused update and by the wrapper with Keras' update, timed per update, with the weights after
+the 20 updates compared with Keras'.
 """
 
 from __future__ import annotations
@@ -122,3 +127,113 @@ def overhead_table(rows: list[dict], steps: int, repeats: int) -> str:
             f"batch {BATCH}; {repeats} interleaved repeats of {steps} steps, each repeat's median "
             "step; each row against Keras' own optimizer of the same kind:\n\n"
             + "\n".join(lines))
+
+
+# -- the update alone -------------------------------------------------------------------------
+# (model, its builder's arguments) for the update-alone rows: the MLP above and the models
+# suite's ResNet-50 (64x64x3 images, 10 classes).
+UPDATE_MODELS = (("mlp", (INPUT_DIM,), CLASSES, HIDDEN), ("resnet50", (64, 64, 3), 10, ()))
+# (key, row label, tfdist.DistributedOptimizer's options; None: Keras' optimizer alone)
+UPDATE_VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
+    ("keras", "Keras' update (baseline)", None),
+    ("fused", "tfdist, fused update (one kernel per variable)", {}),
+    ("keras_update", "tfdist, Keras' update", {"fused_update": False}),
+)
+
+
+def _update_setup(model_name: str, shape, classes: int, hidden, optimizer_name: str,
+                  options: dict | None):
+    """A built model's trainable variables, gradients of one batch for them, and the optimizer
+    (built) of a variant; the same initial weights and gradients for every variant."""
+    import tensorflow as tf
+
+    from tfdist.tools.models import build_model
+
+    keras.utils.set_random_seed(0)
+    model = build_model(model_name, shape, classes, hidden)
+    x = tf.random.stateless_normal((BATCH, *shape), seed=(1, 2))
+    y = tf.random.stateless_uniform((BATCH,), seed=(3, 4), maxval=classes, dtype=tf.int32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+            y, model(x, training=True)))
+    variables = model.trainable_variables
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+    optimizer = _optimizer(optimizer_name)
+    if options is not None:
+        optimizer = DistributedOptimizer(optimizer, **options)
+    optimizer.build(variables)
+    return model, variables, grads, optimizer
+
+
+def _updates(optimizer, grads, variables, steps: int):
+    """A traced function applying `grads` to `variables` `steps` times."""
+    import tensorflow as tf
+
+    @tf.function
+    def updates():
+        for _ in tf.range(steps):
+            optimizer.apply(grads, variables)
+        return optimizer.iterations
+
+    return updates
+
+
+def update_rows(steps: int, repeats: int, progress=print) -> list[dict]:
+    """The optimizer's update alone, timed: `steps` applies of the same gradients in one traced
+    function, for every `UPDATE_MODELS` model, SGD with momentum and Adam, and every
+    `UPDATE_VARIANTS` variant, repeats interleaved; each row with the largest difference from
+    Keras' weights after the same `steps` updates from the same weights."""
+    rows = []
+    for model_name, shape, classes, hidden in UPDATE_MODELS:
+        for optimizer_name in ("sgd", "adam"):
+            runs = {}
+            for key, _, options in UPDATE_VARIANTS:
+                model, variables, grads, optimizer = _update_setup(
+                    model_name, shape, classes, hidden, optimizer_name, options)
+                updates = _updates(optimizer, grads, variables, steps)
+                initial = [v.numpy() for v in variables]
+                updates()  # trace, and the `steps` updates whose weights are compared
+                after = [v.numpy() for v in variables]
+                runs[key] = {"model": model, "variables": variables, "initial": initial,
+                             "after": after, "updates": updates, "samples": []}
+            for i in range(repeats):
+                for run in runs.values():
+                    start = time.perf_counter()
+                    run["updates"]()
+                    run["samples"].append(1000 * (time.perf_counter() - start) / steps)
+                progress(f"bench: overhead: update, {model_name}, {optimizer_name}, repeat "
+                         f"{i + 1}/{repeats}: " + ", ".join(
+                             f"{key} {run['samples'][-1]:.2f} ms" for key, run in runs.items()))
+            base = runs["keras"]
+            base_ms = statistics.median(base["samples"])
+            for key, label, _ in UPDATE_VARIANTS:
+                run = runs[key]
+                ms = statistics.median(run["samples"])
+                diff = max(float(np.max(np.abs(a - b)))
+                           for a, b in zip(run["after"], base["after"]))
+                rows.append({"model": model_name, "optimizer": optimizer_name, "variant": key,
+                             "label": label, "update_ms": ms, "repeat_ms": run["samples"],
+                             "speedup": base_ms / ms, "max_weight_diff": diff,
+                             "parameters": int(run["model"].count_params()),
+                             "variables": len(run["variables"])})
+    return rows
+
+
+def update_table(rows: list[dict], steps: int) -> str:
+    """The update-alone rows: per model and optimizer, each variant against Keras' update."""
+    lines = ["| model | optimizer | update | update time (ms, median) | range over repeats (ms) "
+             "| speed-up vs Keras' | weights vs Keras' (max abs diff) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lo, hi = min(r["repeat_ms"]), max(r["repeat_ms"])
+        lines.append(f"| {r['model']} ({r['parameters']:,} parameters, {r['variables']} "
+                     f"variables) | {_OPTIMIZER_NAMES[r['optimizer']]} | {r['label']} | "
+                     f"{r['update_ms']:.2f} | {lo:.2f}-{hi:.2f} | {r['speedup']:.2f}x | "
+                     f"{r['max_weight_diff']:.1e} |")
+    return (f"The optimizer's update alone: {steps} updates with the same gradients (one "
+            f"batch's) in one traced function, from the same weights; each repeat's time per "
+            "update, and the weights after the first "
+            f"{steps} updates against Keras':\n\n" + "\n".join(lines))
+
+
+_OPTIMIZER_NAMES = {"sgd": "SGD with momentum 0.9", "adam": "Adam"}

@@ -394,13 +394,20 @@ def table_of(suite: str, result: dict) -> str:
 
         return compressor_table(rows)
     if suite == "overhead":
-        from tfdist.tools.bench.overhead import overhead_table
+        from tfdist.tools.bench.overhead import overhead_table, update_table
 
-        return overhead_table(rows, result["steps"], result["repeats"])
+        text = overhead_table(rows, result["steps"], result["repeats"])
+        if "update_rows" in result:  # results saved before the update was timed alone have none
+            text += "\n\n" + update_table(result["update_rows"], result["update_steps"])
+        return text
     if suite == "comm":
         from tfdist.tools.bench.comm import page_table as comm_page
 
         return comm_page(result)
+    if suite == "models":
+        from tfdist.tools.bench.models import page_table as models_page
+
+        return models_page(result)
     if suite == "collectives":
         from tfdist.tools.bench.collectives import page_table
 
@@ -458,9 +465,16 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
         print(f"bench: overhead: {len(overhead.VARIANTS)} optimizers, {repeats} repeats x "
               f"{steps} steps, in this process", flush=True)
         rows = overhead.overhead_rows(steps, repeats, progress=lambda s: print(s, flush=True))
+        update_steps = 20
+        print(f"bench: overhead: the update alone, {len(overhead.UPDATE_MODELS)} models x 2 "
+              f"optimizers x {len(overhead.UPDATE_VARIANTS)} updates, {repeats} repeats x "
+              f"{update_steps} updates", flush=True)
         meta = {"steps": steps, "repeats": repeats, "batch": overhead.BATCH,
                 "model": {"input_dim": overhead.INPUT_DIM, "hidden": list(overhead.HIDDEN),
-                          "classes": overhead.CLASSES}}
+                          "classes": overhead.CLASSES},
+                "update_steps": update_steps,
+                "update_rows": overhead.update_rows(update_steps, repeats,
+                                                    progress=lambda s: print(s, flush=True))}
     elif suite == "compression":
         print(f"bench: compression: {len(COMPRESSION_CONFIGS)} runs of the default job", flush=True)
         rows = _compression_rows(quick, out_dir)

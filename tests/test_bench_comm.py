@@ -199,6 +199,14 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
         "| 2 | 100mbit | x | 200 | 50 | 100 | 20 | 30 | n/a | n/a |"
     timed = {**row, **parts, "startup_s": 21.46, "first_step_s": 13.62}
     assert breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
+    # a run with a profiled step (train.profile_step) adds its span, exposed communication and
+    # update; a table with such rows says n/a for the others
+    profiled = {**timed, "timeline": {"span_ms": 181.4, "exposed_communication_ms": 42.6,
+                                      "busy_ms": {"update": 7.5}}}
+    lines = breakdown_table([profiled, timed]).splitlines()
+    assert "exposed communication" in lines[0] and lines[1].count("|") == lines[0].count("|")
+    assert lines[2].endswith("| 30 | 181, 43, 8 | 21.5 | 13.6 |")
+    assert lines[3].endswith("| 30 | n/a | 21.5 | 13.6 |")
     for name, picked, positive in (("powersgd.yaml", None, True), ("default.yaml", None, False),
                                    ("auto.yaml", "powersgd", True), ("auto.yaml", "dense", False)):
         run_dir = tmp_path / f"{name}-{picked}"

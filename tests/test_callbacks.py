@@ -183,3 +183,68 @@ def test_a_model_built_at_its_first_batch_trains_with_every_callback_as_a_built_
         weights.append(model.get_weights())
     for a, b in zip(weights[1], weights[0], strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_a_step_timeline_sorts_ops_and_measures_exposed_communication():
+    """Hand-worked: a backward pass from 0 to 10 ms, an update from 10 to 12; all-reduces from
+    4 to 8 (overlapped) and from 9 to 15 (1 ms overlapped by the backward pass, 2 by the
+    update, 3 exposed). Ops outside the step's window (an input pipeline's, before it) are not
+    counted; the wrapper's own ops count as `other`."""
+    from tfdist.callbacks.timeline import classify, timeline_of
+
+    ms = 1_000_000
+    events = [
+        ("IteratorGetNext", "IteratorGetNext", -5 * ms, -4 * ms),  # before the window
+        ("StatefulPartitionedCall/mlp_1/dense_0/MatMul", "_MklMatMul", 0, 2 * ms),
+        ("StatefulPartitionedCall/gradient_tape/mlp_1/dense_0/MatMul", "_MklMatMul",
+         2 * ms, 10 * ms),
+        ("StatefulPartitionedCall/CollectiveReduceV2", "CollectiveReduceV2", 4 * ms, 8 * ms),
+        ("StatefulPartitionedCall/CollectiveReduceV2_1", "CollectiveReduceV2", 9 * ms, 15 * ms),
+        ("StatefulPartitionedCall/cond/adam/ResourceApplyAdam", "ResourceApplyAdam",
+         10 * ms, 12 * ms),
+        ("StatefulPartitionedCall/IsFinite", "IsFinite", 12 * ms, 13 * ms),
+    ]
+    t = timeline_of(events, "mlp", ("distributed_optimizer", "adam"))
+    assert t["span_ms"] == pytest.approx(15)
+    assert t["busy_ms"] == pytest.approx({"forward": 2, "backward": 8, "update": 2,
+                                          "communication": 10, "other": 1})
+    assert t["exposed_communication_ms"] == pytest.approx(3)
+    assert t["overlapped_communication_ms"] == pytest.approx(7)
+    assert t["backward_end_ms"] == pytest.approx(10)
+    assert [c["start_ms"] for c in t["collectives"]] == pytest.approx([4, 9])
+    # Horovod's ops are collectives; Keras' own update (no fused kernel) is the optimizer's
+    assert classify("a/HorovodAllreduce_grads_0", "HorovodAllreduce", "m", ()) == "communication"
+    assert classify("cond/SGD/Mul_3", "Mul", "m", ("SGD",)) == "update"
+    assert classify("replica_1/m_12/dense/BiasAdd", "BiasAdd", "m", ()) == "forward"
+    assert classify("replica_1/Add_3", "AddV2", "m", ()) == "other"
+    with pytest.raises(ValueError, match="no op of the step"):
+        timeline_of(events[:1], "mlp", ())
+
+
+def test_a_step_timeline_shows_each_bucket_of_the_exchange(mirrored):
+    """Under MirroredStrategy on 2 devices, a profiled step holds one all-reduce op per bucket
+    and replica, and its figures add up; the steps before and after are not profiled."""
+    from tfdist.callbacks import StepTimeline, StepTimer
+
+    strategy = mirrored(2)
+    x, y = common.load_digits()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                  keras.layers.Dense(512, activation="relu"),
+                                  keras.layers.Dense(512, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+        optimizer = tfdist.DistributedOptimizer(keras.optimizers.Adam(), bucket_bytes=2**19)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    timeline, timer = StepTimeline(step=3), StepTimer()
+    model.fit(common.distribute(strategy, x, y, 64), epochs=2, steps_per_epoch=2, verbose=0,
+              callbacks=[timeline, timer])
+    calls_per_step = optimizer.collective_calls / 4
+    t = timeline.result
+    assert t["step"] == 3 and calls_per_step > 1  # the 1 MB layer in a bucket of its own
+    assert len(t["collectives"]) == 2 * calls_per_step
+    assert all(t["busy_ms"][k] > 0 for k in ("forward", "backward", "update", "communication"))
+    assert t["exposed_communication_ms"] + t["overlapped_communication_ms"] == \
+        pytest.approx(t["communication_ms"])
+    assert t["communication_ms"] <= t["span_ms"] and len(timer.times) == 4
+    with pytest.raises(ValueError, match="step"):
+        StepTimeline(step=0)

@@ -233,13 +233,27 @@ def test_your_own_model_and_data_train_on_two_tf_config_workers(tmp_path):
         [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set", "train.epochs=3",
          "--set", "model.name=mine:build", "--set", "model.options={width: 16}",
          "--set", "data.name=mine:blobs", "--set", f"train.output_dir={tmp_path / 'runs'}",
-         "--set", "train.run_name=run", "--set", "optimizer.learning_rate=0.01"],
+         "--set", "train.run_name=run", "--set", "optimizer.learning_rate=0.01",
+         "--set", "train.profile_step=4"],
         2, 300, env=env)
     assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
-    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    run = tmp_path / "runs" / "run"
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["test_accuracy"] > 0.9
     assert summary["trainable_parameters"] == 6 * 16 + 16 + 16 * 3 + 3  # width=16, 3 classes
     assert "Epoch 3/3" in results[0].output  # a line per epoch under the launcher
+    # train.profile_step: the chief's timeline of step 4 holds the step's all-reduce (one
+    # collective op per call on one replica), within the step, and every kind of work
+    timeline = json.loads((run / "timeline.json").read_text())
+    assert timeline["step"] == 4 and summary["timeline"]["step"] == 4
+    assert len(timeline["collectives"]) == summary["collectives_per_step"] == 1
+    assert {c["op"] for c in timeline["collectives"]} == {"CollectiveReduceV2"}
+    assert all(0 <= c["start_ms"] <= c["end_ms"] <= timeline["span_ms"]
+               for c in timeline["collectives"])
+    assert all(timeline["busy_ms"][k] > 0 for k in ("forward", "backward", "update"))
+    assert timeline["exposed_communication_ms"] + timeline["overlapped_communication_ms"] == \
+        pytest.approx(timeline["communication_ms"])
+    assert (run / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_console_script_imports_your_own_module_from_the_working_directory(tmp_path):
@@ -483,6 +497,9 @@ def test_every_suite_draws_its_rows(tmp_path):
     (["data.test_fraction=1e-6"], "data.test_fraction: 1e-06 leaves no test example"),
     (["train.metrics=[accuracy, maee]"], "train.metrics: Keras knows no metric 'maee' (did you "
                                          "mean 'mae'?)"),
+    (["train.profile_step=1000", "train.epochs=2"],
+     "train.profile_step: 1000 is past the run's last step (44 = 22 steps x 2 epochs); use at "
+     "most 44."),
 ])
 def test_values_known_wrong_once_the_data_is_loaded_are_one_line_errors(
         tmp_path, capsys, overrides, message):

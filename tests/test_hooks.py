@@ -159,6 +159,10 @@ def test_profile_op_intervals_times_each_executed_node(tmp_path):
                  profiler_hooks.profile_op_intervals(f, str(tmp_path))}
     assert intervals["first"][1] > intervals["first"][0]
     assert intervals["second"][0] >= intervals["first"][1]  # the second waits for the first
+    # the same trace with op types; only op kernels (no executor or eager events)
+    types = {name: op for name, op, _, _ in profiler_hooks.op_events(str(tmp_path))}
+    assert types["first"] == types["second"] and "MatMul" in types["first"]
+    assert all(op.isidentifier() for op in types.values())
 
 
 def test_variable_index_is_keras_own_lookup_and_apply_counter_is_the_wrappers():

@@ -31,17 +31,24 @@ def executed_devices(python_function, *args) -> dict[str, tuple[str, str]]:
 # -- when each op ran ----------------------------------------------------------------------------
 def profile_op_intervals(function, logdir: str) -> list[tuple[str, int, int]]:
     """Runs `function()` under the TensorFlow profiler and returns (node name, start ns, end ns)
-    for every op kernel executed, read from the XSpace the profiler writes under `logdir` (its
-    proto module is not part of the public API)."""
-    import glob
-
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
+    for every op kernel executed (see `op_events`)."""
     tf.profiler.experimental.start(logdir)
     try:
         function()
     finally:
         tf.profiler.experimental.stop()
+    return [(name, start, end) for name, _, start, end in op_events(logdir)]
+
+
+def op_events(logdir: str) -> list[tuple[str, str, int, int]]:
+    """(node name, op type, start ns, end ns) of every op kernel in the newest trace the
+    TensorFlow profiler wrote under `logdir`, read from its XSpace (whose proto module is not
+    part of the public API). An asynchronous kernel (a collective) spans from its start to its
+    completion."""
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     paths = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
     if not paths:
         raise RuntimeError(f"The TensorFlow profiler wrote no trace under {logdir}.")
@@ -54,9 +61,9 @@ def profile_op_intervals(function, logdir: str) -> list[tuple[str, int, int]]:
         for line in plane.lines:
             base = line.timestamp_ns * 1000
             for event in line.events:
-                name = names[event.metadata_id].name
-                if ":" not in name:  # op kernels are "node name:op type"
+                node, _, op_type = names[event.metadata_id].name.partition(":")
+                if not op_type.isidentifier():  # op kernels are "node name:OpType"
                     continue
                 start = (base + event.offset_ps) // 1000
-                out.append((name.split(":", 1)[0], start, start + event.duration_ps // 1000))
+                out.append((node, op_type, start, start + event.duration_ps // 1000))
     return out

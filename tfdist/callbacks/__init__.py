@@ -14,6 +14,7 @@ from tfdist.callbacks.lr_warmup import LearningRateWarmup, warmup_learning_rate
 from tfdist.callbacks.resize import RESIZE_EXIT, ElasticJoin, ElasticResize, throughput_policy
 from tfdist.callbacks.scalars import ScalarLog, ScalarWriter
 from tfdist.callbacks.start import StartAt
+from tfdist.callbacks.timeline import StepTimeline
 from tfdist.callbacks.watchdog import WATCHDOG_EXIT, Watchdog
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ScalarLog",
     "ScalarWriter",
     "StartAt",
+    "StepTimeline",
     "StepTimer",
     "WATCHDOG_EXIT",
     "Watchdog",

@@ -258,6 +258,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
             "SIGUSR1], or [] (with train.checkpoint_steps: on such a signal every worker backs "
             "up at the step in flight and exits with 76; the same command resumes)",
             _signal_names),
+        "profile_step": _int("an integer >= 1 (the step, counted over epochs, whose timeline "
+                             "the chief writes to timeline.json and timeline.png in the run "
+                             "directory), or null", lambda v: v >= 1, None, nullable=True,
+                             most=10**9),
         "resize_policy": _choice((None, "throughput"), None),
         "resize_every": _int("an integer >= 1 (steps measured at each size)", lambda v: v >= 1,
                              50, most=10**9),

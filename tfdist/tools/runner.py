@@ -48,6 +48,7 @@ from tfdist.callbacks import (
     LearningRateWarmup,
     ScalarLog,
     StartAt,
+    StepTimeline,
     StepTimer,
 )
 from tfdist.callbacks.backup import remove_folder
@@ -632,6 +633,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     if not steps:
         raise ConfigError("train.steps_per_epoch: the training dataset's size is unknown; set "
                           "train.steps_per_epoch.")
+    timeline = _timeline(config, run_dir, steps, job.is_chief)
     files.start(config)  # the run directory appears once the job is known to be valid
     if job.is_chief and progress:
         print(f"run directory     {run_dir}", flush=True)
@@ -673,6 +675,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
     else:
         dataset, fed = job.kind.feed(job, batches, opt_cfg["warmup_epochs"] if warmup else 0)
         callbacks += fed
+    if timeline is not None:  # before the timer: the profiler's start and stop are not timed
+        callbacks.append(timeline)
     timer, counter = StepTimer(), BatchCounter()
     callbacks += [timer, counter]
     counted = job.kind.counts_bytes
@@ -765,6 +769,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
+        # train.profile_step's timeline (timeline.json holds its ops' intervals), or None.
+        "timeline": _timeline_summary(timeline, run_dir),
         "epoch_log": evaluation.log if evaluation else None,
         # Global batches the run resumed after (train.checkpoint_steps), or None; the
         # examples trained on in each epoch, all workers, across restarts.
@@ -791,6 +797,31 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         summary["summary_path"] = str(run_dir / SUMMARY)
     keras.config.set_dtype_policy("float32")
     return summary
+
+
+def _timeline(config: dict[str, Any], run_dir: Path, steps: int,
+              chief: bool) -> StepTimeline | None:
+    """train.profile_step's callback, on the chief; refuses a step past the run's end."""
+    step = config["train"]["profile_step"]
+    if step is None:
+        return None
+    total = steps * config["train"]["epochs"]
+    if step > total:
+        raise ConfigError(f"train.profile_step: {step} is past the run's last step ({total} = "
+                          f"{steps} steps x {config['train']['epochs']} epochs); use at most "
+                          f"{total}.")
+    return StepTimeline(step, str(run_dir)) if chief else None
+
+
+def _timeline_summary(timeline: StepTimeline | None, run_dir: Path) -> dict | None:
+    """The profiled step's figures for summary.json; draws timeline.png beside timeline.json."""
+    if timeline is None or timeline.result is None:
+        return None
+    from tfdist.tools.bench.plots import timeline as draw
+
+    draw(timeline.result, run_dir / "timeline.png",
+         title=f"step {timeline.step} on the chief")
+    return {k: v for k, v in timeline.result.items() if k not in ("intervals", "collectives")}
 
 
 def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:

@@ -309,6 +309,8 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
             # Worker 0's seconds from its process' start to the end of its first step.
             "startup_s": (s.get("startup_seconds") or {}).get("total"),
             "first_step_s": (s.get("startup_seconds") or {}).get("first_step"),
+            # Worker 0's profiled step (train.profile_step), or None.
+            "timeline": s.get("timeline"),
             "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
                       for r in s["epoch_log"]]}
 
@@ -452,17 +454,30 @@ def breakdown_table(rows: list[dict]) -> str:
     """The rows' `breakdown`s, with each run's start-up; a model column where rows name one
     (the models suite)."""
     models = any("model" in r for r in rows)
+    profiled = any(r.get("timeline") for r in rows)
     lines = [("| model " if models else "") + "| hosts | link | algorithm | mean step (ms) | compute | "
-             "wire at link rate | compressor | rest | start-up (s) | first step (s) |",
-             ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "wire at link rate | compressor | rest | "
+             + ("profiled step: span, exposed communication, update | " if profiled else "")
+             + "start-up (s) | first step (s) |",
+             ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|"
+             + ("---:|" if profiled else "") + "---:|---:|"]
     for r in rows:
         if "compute_ms" in r:
             lines.append((f"| {r['model']} " if models else "") +
                          f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | "
                          f"{r['mean_step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
                          f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
-                         f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
+                         + (f"{_profiled(r.get('timeline'))} | " if profiled else "")
+                         + f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
     return "\n".join(lines)
+
+
+def _profiled(timeline: dict | None) -> str:
+    """A profiled step's span, exposed communication and update time (ms), or n/a."""
+    if not timeline:
+        return "n/a"
+    return (f"{timeline['span_ms']:.0f}, {timeline['exposed_communication_ms']:.0f}, "
+            f"{timeline['busy_ms']['update']:.0f}")
 
 
 def _seconds(value: float | None) -> str:

@@ -159,3 +159,29 @@ def models(rows: list[dict], model: str, path: Path) -> Path:
     ax.tick_params(axis="y", labelsize=7)
     ax.margins(x=0.2)
     return _save(fig, path)
+
+
+def timeline(result: dict, path: Path, title: str = "one training step") -> Path:
+    """A step's timeline (`tfdist.callbacks.StepTimeline`'s result): a lane per kind of op,
+    a lane per collective, exposed communication shaded."""
+    plt = pyplot()
+    colours = {"forward": "tab:blue", "backward": "tab:orange", "update": "tab:green",
+               "other": "tab:gray", "communication": "tab:red"}
+    lanes = [(kind, result["intervals"][kind], colours[kind])
+             for kind in ("forward", "backward", "update", "other")]
+    lanes += [(c["node"].rsplit("/", 1)[-1], [[c["start_ms"], c["end_ms"]]], colours["communication"])
+              for c in result["collectives"]]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(lanes) + 1.6))
+    for i, (_, spans, colour) in enumerate(lanes):
+        ax.broken_barh([(s, e - s) for s, e in spans], (i - 0.35, 0.7), color=colour)
+    if result.get("backward_end_ms") is not None:
+        ax.axvline(result["backward_end_ms"], color="black", linestyle="--", linewidth=0.8,
+                   label="end of the backward pass")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_yticks(range(len(lanes)), [name for name, *_ in lanes], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms from the step's first op",
+           title=f"{title}: {result['span_ms']:.0f} ms; communication "
+                 f"{result['communication_ms']:.0f} ms, of it exposed "
+                 f"{result['exposed_communication_ms']:.0f} ms")
+    return _save(fig, path)

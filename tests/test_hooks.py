@@ -546,6 +546,45 @@ def test_optimizers_without_a_kernel_and_sparse_gradients_keep_keras_update():
     assert (results[1] != table).sum() == 4  # two rows moved, as Keras moves them
 
 
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(0.01),
+                                  lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+                                  lambda: keras.optimizers.Lamb(0.01)])
+def test_a_compiled_update_is_keras_own_arithmetic_in_one_xla_function_per_variable(make):
+    """`compile_update_step` runs the optimizer's own `update_step` (any optimizer, kernel or
+    not) in a function XLA must compile, one per variable; the weights and slots stay Keras'
+    to float32 rounding (XLA may fuse a multiply and an add)."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(2, 64, 32)).astype("float32")
+    grads = rng.normal(size=(3, 2, 64, 32)).astype("float32")
+    runs = []
+    for compiled in (False, True):
+        variables = [keras.Variable(w) for w in start]
+        opt = make()
+        if compiled:
+            assert _keras_hooks.compile_update_step(opt) is True
+            assert _keras_hooks.compile_update_step(opt) is True  # once is enough
+        assert _keras_hooks.is_fused(opt) == ("xla" if compiled else False)
+        opt.build(variables)
+        step = _apply_function(opt, variables)
+        for g in grads:
+            step(tf.constant(g))
+        graph = step.get_concrete_function(tf.constant(grads[0])).graph
+        must_compile = [f for f in graph._functions.values()  # noqa: SLF001 (the test reads it)
+                        if f.definition.attr["_XlaMustCompile"].b]
+        assert len(must_compile) == (2 if compiled else 0)  # one per variable
+        runs.append([np.asarray(v) for v in [*variables, *opt.variables[2:]]])
+    for keras_value, compiled_value in zip(*runs, strict=True):
+        np.testing.assert_allclose(compiled_value, keras_value, rtol=1e-6, atol=1e-7)
+    # sparse gradients keep Keras' own update, as fuse_update_step's do
+    table, rows = keras.Variable(np.ones((6, 2), "float32")), tf.IndexedSlices(
+        tf.ones([2, 2]), tf.constant([1, 4]), tf.constant([6, 2]))
+    opt = make()
+    _keras_hooks.compile_update_step(opt)
+    opt.build([table])
+    opt.apply([rows], [table])
+    assert (np.asarray(table) != 1).sum() == 4
+
+
 KERAS_GALLERIES = """
 import sys
 import numpy as np

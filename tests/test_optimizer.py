@@ -27,6 +27,22 @@ def test_same_weights_as_plain_mirrored_strategy(mirrored, n, optimizer):
     assert opt.bytes_sent == pytest.approx(STEPS * ring_bytes("all_reduce", 4 * params, n))
 
 
+def test_the_xla_update_is_keras_arithmetic_under_mirrored_strategy(mirrored):
+    """fused_update="xla": each replica's update compiled by XLA gives Keras' weights to
+    float32 rounding, with Adam (which has a kernel) and RMSprop (which has none)."""
+    for optimizer in ("adam", "rmsprop"):
+        plain, _ = common.train("strategy", STEPS, BATCH, strategy=mirrored(2), wrap=False,
+                                optimizer=optimizer)
+        ours, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(2),
+                                 optimizer=optimizer, fused_update="xla")
+        assert opt.fused_update == "xla"
+        common.assert_weights_close(common.weights(ours), common.weights(plain), rtol=0,
+                                    atol=1e-6)
+    with pytest.raises(ValueError, match="`fused_update` must be True, False or 'xla'. "
+                                         "Received: fused_update='XLA'"):
+        tfdist.DistributedOptimizer(keras.optimizers.Adam(), fused_update="XLA")
+
+
 def test_buckets_go_last_tensors_first_and_close_at_the_size():
     from tfdist.comm import static_nbytes
     from tfdist.comm.base import buckets

@@ -27,6 +27,8 @@ def make_model(hidden=HIDDEN) -> keras.Model:
 def make_inner_optimizer(name: str = "sgd") -> keras.optimizers.Optimizer:
     if name == "adam":
         return keras.optimizers.Adam(1e-2)
+    if name == "rmsprop":  # no fused kernel
+        return keras.optimizers.RMSprop(1e-3, momentum=0.5)
     return keras.optimizers.SGD(0.05, momentum=0.9)
 
 

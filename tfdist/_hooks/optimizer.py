@@ -24,6 +24,8 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   variable's device, for pipeline stages on other devices and hosts.
 * `fuse_update_step`: Adam/AdamW and SGD update each variable in one TensorFlow kernel; reads
   their slots (`Adam._momentums`, `Adam._velocities`, `SGD.momentums`) by `_get_variable_index`.
+  `compile_update_step`: any optimizer's own `update_step`, one XLA-compiled function per
+  variable.
 """
 
 from __future__ import annotations
@@ -234,9 +236,50 @@ def _fusable(optimizer) -> str | None:
     return None
 
 
-def is_fused(optimizer) -> bool:
-    """Whether `fuse_update_step` fused `optimizer`'s update."""
-    return bool(getattr(optimizer, "_tfdist_fused", False))
+def is_fused(optimizer) -> bool | str:
+    """Whether `fuse_update_step` fused `optimizer`'s update: True, "xla" when
+    `compile_update_step` compiled it, False otherwise."""
+    return getattr(optimizer, "_tfdist_fused", False)
+
+
+def fuse_like(source, target) -> None:
+    """Fuses `target`'s update as `source`'s is (kernels, XLA or not at all)."""
+    fused = is_fused(source)
+    if fused == "xla":
+        compile_update_step(target)
+    elif fused:
+        fuse_update_step(target)
+
+
+def compile_update_step(optimizer) -> bool:
+    """Makes `optimizer` (any Keras optimizer) run its own `update_step` of each variable as
+    one XLA-compiled function (`tf.function(jit_compile=True)`, built the first time the
+    variable is updated): Keras' arithmetic, which XLA fuses into one pass over the variable;
+    its results differ from Keras' only where XLA contracts a multiply and an add into one
+    rounding. Sparse gradients (`IndexedSlices`) keep Keras' update. Replaces `update_step` on
+    the instance, as `fuse_update_step` does."""
+    if is_fused(optimizer):
+        return True
+    keras_step = optimizer.update_step
+    compiled: dict[int, Any] = {}  # id(variable) -> its compiled step; the variable is held
+
+    def compile_for(variable):
+        @tf.function(jit_compile=True, autograph=False)
+        def step(gradient, learning_rate):
+            keras_step(gradient, variable, learning_rate)
+        return variable, step
+
+    def update_step(gradient, variable, learning_rate):
+        if isinstance(gradient, tf.IndexedSlices):
+            return keras_step(gradient, variable, learning_rate)
+        if id(variable) not in compiled:
+            compiled[id(variable)] = compile_for(variable)
+        compiled[id(variable)][1](tf.convert_to_tensor(gradient),
+                                  tf.convert_to_tensor(learning_rate))
+
+    replace_method(optimizer, "update_step", update_step)
+    replace_method(optimizer, "_tfdist_fused", "xla")
+    return True
 
 
 def fuse_update_step(optimizer) -> bool:

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfdist._hooks.optimizer import (
     built_variables,
+    compile_update_step,
     count_apply,
     disable_gradient_all_reduce,
     fuse_update_step,
@@ -154,14 +155,17 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             scaling such steps are skipped and the scale lowered.
         engine: A `tfdist.comm.Engine` or its name ("distribute", "horovod", "local"); None
             (the default) resolves it when the optimizer is built.
-        fused_update: The inner optimizer updates each variable in one TensorFlow kernel
-            (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`, `ResourceApplyGradientDescent`)
-            when it is an `Adam` or `AdamW` without amsgrad, or an `SGD`: Keras' arithmetic in
-            one pass over the variable instead of about ten ops (measured: the overhead benchmark).
-            SGD's result is Keras' to the bit; Adam's step differs from Keras' by float32
-            rounding (about 1e-6), which training then carries on as any rounding difference.
-            Other optimizers, and sparse gradients, keep Keras' update. False keeps Keras'
-            update for all. Defaults to True.
+        fused_update: True: the inner optimizer updates each variable in one TensorFlow
+            kernel (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`,
+            `ResourceApplyGradientDescent`) when it is an `Adam` or `AdamW` without amsgrad, or
+            an `SGD`: Keras' arithmetic in one pass over the variable instead of about ten ops
+            (measured: the overhead benchmark). SGD's result is Keras' to the bit; Adam's step
+            differs from Keras' by float32 rounding (about 1e-6: the kernel computes 1 - beta_1
+            in float32), which training then carries on as any rounding difference. Other
+            optimizers, and sparse gradients, keep Keras' update. "xla": any inner optimizer
+            runs its own update of each variable as one XLA-compiled function (Keras'
+            arithmetic fused by XLA; compiled the first time each variable is updated, which
+            adds to the start-up). False keeps Keras' update for all. Defaults to True.
         name: Optional name.
 
     Example:
@@ -183,7 +187,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                  loss_scale: str | None = "auto", initial_scale: float = 2.0**15,
                  dynamic_growth_steps: int = 2000, verify_model: bool = True,
                  nan_policy: str = "raise", engine: Engine | str | None = None,
-                 fused_update: bool = True, name: str | None = None, **shortcuts):
+                 fused_update: bool | str = True, name: str | None = None, **shortcuts):
         _check_inner(inner_optimizer)
         unknown = sorted(set(shortcuts) - set(SHORTCUTS))
         if unknown:
@@ -193,7 +197,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         check_number("initial_scale", initial_scale, 0, low_open=True)
         check_int("dynamic_growth_steps", dynamic_growth_steps, 1)
         check_bool("verify_model", verify_model)
-        check_bool("fused_update", fused_update)
+        if not (isinstance(fused_update, bool) or fused_update == "xla"):
+            raise ValueError(f"`fused_update` must be True, False or 'xla'. Received: "
+                             f"fused_update={fused_update!r}")
         if parts and shortcuts:
             raise ValueError(
                 f"Give the parts or the keyword shortcuts, not both: the shortcuts "
@@ -232,7 +238,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.inner_optimizer.loss_scale_factor = inner_scale_factor
         disable_gradient_all_reduce(self.inner_optimizer)
         self.fused_update = fused_update
-        if fused_update:
+        if fused_update == "xla":
+            compile_update_step(self.inner_optimizer)
+        elif fused_update:
             fuse_update_step(self.inner_optimizer)
 
     # -- Keras optimizer API ---------------------------------------------------------------------

@@ -183,8 +183,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                most=1.0),
         "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1, most=2**16),
         "nan_policy": _choice(("raise", "skip"), "raise"),
-        "fused_update": Field(True, (bool,), "true (adam, adamw and sgd update each variable in "
-                              "one TensorFlow kernel) or false (Keras' own update)"),
+        "fused_update": Field(True, (bool, str), "true (adam, adamw and sgd update each "
+                              "variable in one TensorFlow kernel), xla (any optimizer's own "
+                              "update of each variable, compiled by XLA) or false (Keras' own "
+                              "update)", lambda v: isinstance(v, bool) or v == "xla",
+                              choices=("xla",)),
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),
         "scale_lr_by_workers": Field(False, (bool,), "true or false"),
         "warmup_epochs": _float("a number >= 0", lambda v: v >= 0, 0, most=10**6),

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._hooks.optimizer import disable_gradient_all_reduce, fuse_update_step, is_fused
+from tfdist._hooks.optimizer import disable_gradient_all_reduce, fuse_like
 from tfdist.arguments import check_bool, check_int
 
 KINDS = ("cpu", "disk")
@@ -171,12 +171,11 @@ def _remove(paths: list[str]) -> None:
 
 def _clone(inner):
     """A fresh optimizer like `inner` (its learning rate is set at every step), its update
-    fused when `inner`'s is."""
+    fused as `inner`'s is."""
     config = inner.get_config()
     config["learning_rate"] = 0.0
     clone = type(inner).from_config(config)
-    if is_fused(inner):
-        fuse_update_step(clone)
+    fuse_like(inner, clone)
     return clone
 
 

@@ -146,7 +146,8 @@ class ZeroOptimizer(DistributedOptimizer):
         verify_model: Check that every replica builds the same model. Defaults to True.
         engine: As for `tfdist.DistributedOptimizer`; None resolves it when built.
         fused_update: As for `tfdist.DistributedOptimizer`: each shard's update in one kernel
-            (Adam, AdamW, SGD), offloaded or not. Defaults to True.
+            (Adam, AdamW, SGD) or, with "xla", compiled by XLA, offloaded or not. Defaults to
+            True.
         name: Optional name.
 
     Example:
@@ -165,7 +166,7 @@ class ZeroOptimizer(DistributedOptimizer):
 
     def __init__(self, inner_optimizer, stage: int = 1, accumulation_steps: int = 1,
                  offload: Offload | str | dict | None = None, verify_model: bool = True,
-                 nan_policy: str = "raise", engine=None, fused_update: bool = True,
+                 nan_policy: str = "raise", engine=None, fused_update: bool | str = True,
                  name: str | None = None):
         if isinstance(stage, bool) or stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}. Received: stage={stage!r}")

@@ -7,7 +7,8 @@ and for Adam, by
 
   * Keras' own optimizer: the baseline of its rows;
   * `tfdist.DistributedOptimizer` around it, the dense exchange, with its fused update (one
-    TensorFlow kernel per variable) and with Keras' update (`fused_update=False`);
+    TensorFlow kernel per variable), with Keras' update (`fused_update=False`) and with Keras'
+    update compiled by XLA (`fused_update="xla"`);
   * for SGD, `tfdist.DistributedOptimizer(..., local_sgd=PeriodicSchedule(P))` with P longer
     than the run: every step a local step (the path a local SGD job takes between averaging
     rounds).
@@ -20,9 +21,9 @@ comm suite's 5.5M-parameter MLP (64-2304-2304-10, batch 64): its per-step passes
 gradients are large enough to see.
 
 The update alone (`update_rows`): on that MLP and on the models suite's ResNet-50, the same
-gradients applied 20 times in one traced function by Keras' optimizer, by the wrapper with its
-fused update and by the wrapper with Keras' update, timed per update, with the weights after
-the 20 updates compared with Keras'.
+gradients applied 20 times in one traced function by Keras' optimizer and by the wrapper with
+each of its updates (fused kernels, Keras', Keras' compiled by XLA), timed per update, with the
+weights after the 20 updates compared with Keras'.
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ VARIANTS: tuple[tuple[str, str, str, dict | None], ...] = (
     ("dense", "tfdist.DistributedOptimizer, dense exchange (fused update)", "sgd", {}),
     ("dense_keras_update", "tfdist.DistributedOptimizer, dense exchange, Keras' update", "sgd",
      {"fused_update": False}),
+    ("dense_xla", "tfdist.DistributedOptimizer, dense exchange, Keras' update compiled by XLA",
+     "sgd", {"fused_update": "xla"}),
     ("local_sgd", "tfdist.DistributedOptimizer, local SGD (local steps)", "sgd",
      {"local_sgd": PeriodicSchedule(LOCAL_PERIOD)}),
     ("keras_adam", "Keras' Adam (baseline)", "adam", None),
     ("dense_adam", "tfdist.DistributedOptimizer(Adam), dense exchange (fused update)", "adam", {}),
     ("dense_adam_keras_update", "tfdist.DistributedOptimizer(Adam), dense exchange, Keras' update",
      "adam", {"fused_update": False}),
+    ("dense_adam_xla", "tfdist.DistributedOptimizer(Adam), dense exchange, Keras' update "
+     "compiled by XLA", "adam", {"fused_update": "xla"}),
 )
 
 
@@ -138,6 +143,8 @@ UPDATE_VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
     ("keras", "Keras' update (baseline)", None),
     ("fused", "tfdist, fused update (one kernel per variable)", {}),
     ("keras_update", "tfdist, Keras' update", {"fused_update": False}),
+    ("xla", "tfdist, Keras' update compiled by XLA (one function per variable)",
+     {"fused_update": "xla"}),
 )
 
 

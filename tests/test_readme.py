@@ -198,6 +198,19 @@ def test_the_benchmark_tables_are_what_their_results_give():
         assert "measured on 20" in text and "CPU cores" in text  # the date and the machine
 
 
+def test_every_benchmark_table_is_generated_from_a_result():
+    """No table on a benchmark page is copied by hand: each sits in a section generated from
+    a result kept in docs/benchmarks/data (which the test above checks)."""
+    docs = Path(ROOT) / "docs" / "benchmarks"
+    copied = []
+    for path in sorted(docs.glob("*.md")):
+        outside = re.sub(r"<!-- generated from .*?<!-- end of generated -->", "",
+                         path.read_text(), flags=re.S)
+        copied += [f"{path.name}:{line}" for line in outside.splitlines()
+                   if line.startswith("|---")]
+    assert not copied, f"tables outside a generated section: {copied}"
+
+
 def test_the_docs_site_builds_with_no_broken_link_or_reference(tmp_path):
     """`mkdocs build --strict -f launch/mkdocs.yml`: every page, every link and anchor between
     pages, and the API reference read from the docstrings, without a warning."""

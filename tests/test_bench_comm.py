@@ -201,12 +201,20 @@ def test_the_step_breaks_down_into_compute_wire_compressor_and_the_rest(tmp_path
     assert breakdown_table([timed]).splitlines()[2].endswith("| 30 | 21.5 | 13.6 |")
     # a run with a profiled step (train.profile_step) adds its span, exposed communication and
     # update; a table with such rows says n/a for the others
-    profiled = {**timed, "timeline": {"span_ms": 181.4, "exposed_communication_ms": 42.6,
-                                      "busy_ms": {"update": 7.5}}}
-    lines = breakdown_table([profiled, timed]).splitlines()
+    seen = {"span_ms": 181.4, "exposed_communication_ms": 42.6, "communication_ms": 50.0,
+            "busy_ms": {"update": 7.5}}
+    profiled = {**timed, "collectives_per_step": 1.0, "timeline": seen}
+    # a profile that saw no collective in a run that made one every step cannot say what was
+    # exposed; a local SGD step between averaging rounds has none to see
+    unseen = {**seen, "exposed_communication_ms": 0.0, "communication_ms": 0.0}
+    lines = breakdown_table([profiled, timed, {**profiled, "timeline": unseen},
+                             {**profiled, "collectives_per_step": 0.2, "timeline": unseen}]
+                            ).splitlines()
     assert "exposed communication" in lines[0] and lines[1].count("|") == lines[0].count("|")
     assert lines[2].endswith("| 30 | 181, 43, 8 | 21.5 | 13.6 |")
     assert lines[3].endswith("| 30 | n/a | 21.5 | 13.6 |")
+    assert lines[4].endswith("| 30 | 181, n/a, 8 | 21.5 | 13.6 |")
+    assert lines[5].endswith("| 30 | 181, 0, 8 | 21.5 | 13.6 |")
     for name, picked, positive in (("powersgd.yaml", None, True), ("default.yaml", None, False),
                                    ("auto.yaml", "powersgd", True), ("auto.yaml", "dense", False)):
         run_dir = tmp_path / f"{name}-{picked}"

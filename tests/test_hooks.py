@@ -165,6 +165,47 @@ def test_profile_op_intervals_times_each_executed_node(tmp_path):
     assert all(op.isidentifier() for op in types.values())
 
 
+HOROVOD_TRACE = """
+import sys, time
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from tfdist._hooks.profiler import op_events
+
+hvd.init()  # one rank: the op still runs through Horovod's background thread
+x = tf.ones([512, 512])
+
+
+@tf.function
+def step():
+    y = tf.identity(x)
+    return hvd.grouped_allreduce([y * 2.0, y], op=hvd.Sum)
+
+
+step()
+tf.profiler.experimental.start(sys.argv[1])
+step()
+time.sleep(0.05)  # the done callback's event closes after the function returns
+tf.profiler.experimental.stop()
+for node, op, start, end in op_events(sys.argv[1]):
+    print(op, end - start)
+"""
+
+
+def test_an_asynchronous_kernel_without_its_own_event_spans_from_start_to_done(tmp_path):
+    """Horovod's ops record no kernel event of their own: op_events pairs the executor's
+    ProcessAsync Start and Done events (node and op type from their stats) into one interval."""
+    import subprocess
+    import sys
+
+    from tests.conftest import worker_env
+
+    out = subprocess.run([sys.executable, "-c", HOROVOD_TRACE, str(tmp_path)],
+                         capture_output=True, text=True, env=worker_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = dict(line.split() for line in out.stdout.splitlines())
+    assert int(events["HorovodGroupedAllreduce"]) > 0 and "Mul" in events, out.stdout
+
+
 def test_variable_index_is_keras_own_lookup_and_apply_counter_is_the_wrappers():
     variables = [keras.Variable([1.0]), keras.Variable([2.0, 3.0])]
     opt = keras.optimizers.SGD()

@@ -43,8 +43,10 @@ def profile_op_intervals(function, logdir: str) -> list[tuple[str, int, int]]:
 def op_events(logdir: str) -> list[tuple[str, str, int, int]]:
     """(node name, op type, start ns, end ns) of every op kernel in the newest trace the
     TensorFlow profiler wrote under `logdir`, read from its XSpace (whose proto module is not
-    part of the public API). An asynchronous kernel (a collective) spans from its start to its
-    completion."""
+    part of the public API). An asynchronous kernel spans from its start to its completion:
+    TensorFlow's collectives record that span themselves; for the others (Horovod's ops) it is
+    read from the executor's `ProcessAsync::Start` and `::Done` events, which name the node and
+    its op type in their stats and share a correlation id."""
     import glob
 
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -56,14 +58,34 @@ def op_events(logdir: str) -> list[tuple[str, str, int, int]]:
     with open(paths[-1], "rb") as f:
         space.ParseFromString(f.read())
     out = []
+    started: dict[int, tuple[str, str, int]] = {}  # correlation id -> (node, op type, start)
+    done: dict[int, int] = {}  # correlation id -> end
     for plane in space.planes:
         names = plane.event_metadata
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         for line in plane.lines:
             base = line.timestamp_ns * 1000
             for event in line.events:
-                node, _, op_type = names[event.metadata_id].name.partition(":")
-                if not op_type.isidentifier():  # op kernels are "node name:OpType"
-                    continue
                 start = (base + event.offset_ps) // 1000
-                out.append((node, op_type, start, start + event.duration_ps // 1000))
+                end = start + event.duration_ps // 1000
+                name = names[event.metadata_id].name
+                if name.startswith(_ASYNC):
+                    stats = {stat_names.get(s.metadata_id): (
+                        stat_names.get(s.ref_value) if s.ref_value else s.int64_value or s.uint64_value)
+                        for s in event.stats}
+                    if name == _ASYNC + "Start" and stats.get("_p"):
+                        started[stats["_p"]] = (stats.get("name") or "", stats.get(
+                            "kernel_type") or "", start)
+                    elif name == _ASYNC + "Done" and stats.get("_c"):
+                        done[stats["_c"]] = end
+                    continue
+                node, _, op_type = name.partition(":")
+                if op_type.isidentifier():  # op kernels are "node name:OpType"
+                    out.append((node, op_type, start, end))
+    recorded = {node for node, *_ in out}
+    out += [(node, op_type, start, done[key]) for key, (node, op_type, start) in started.items()
+            if key in done and node not in recorded and op_type.isidentifier()]
     return out
+
+
+_ASYNC = "ExecutorState::ProcessAsync::"

@@ -467,17 +467,22 @@ def breakdown_table(rows: list[dict]) -> str:
                          f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | "
                          f"{r['mean_step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
                          f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
-                         + (f"{_profiled(r.get('timeline'))} | " if profiled else "")
+                         + (f"{_profiled(r)} | " if profiled else "")
                          + f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
     return "\n".join(lines)
 
 
-def _profiled(timeline: dict | None) -> str:
-    """A profiled step's span, exposed communication and update time (ms), or n/a."""
+def _profiled(row: dict) -> str:
+    """A row's profiled step: its span, exposed communication and update time (ms), or n/a.
+    A profile that saw no collective in a run that made at least one every step cannot say
+    what was exposed (n/a)."""
+    timeline = row.get("timeline")
     if not timeline:
         return "n/a"
-    return (f"{timeline['span_ms']:.0f}, {timeline['exposed_communication_ms']:.0f}, "
-            f"{timeline['busy_ms']['update']:.0f}")
+    unseen = timeline["communication_ms"] == 0
+    exposed = "n/a" if unseen and row["collectives_per_step"] >= 1 else \
+        f"{timeline['exposed_communication_ms']:.0f}"
+    return f"{timeline['span_ms']:.0f}, {exposed}, {timeline['busy_ms']['update']:.0f}"
 
 
 def _seconds(value: float | None) -> str:

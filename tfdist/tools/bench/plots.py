@@ -169,19 +169,20 @@ def timeline(result: dict, path: Path, title: str = "one training step") -> Path
                "other": "tab:gray", "communication": "tab:red"}
     lanes = [(kind, result["intervals"][kind], colours[kind])
              for kind in ("forward", "backward", "update", "other")]
-    lanes += [(c["node"].rsplit("/", 1)[-1], [[c["start_ms"], c["end_ms"]]], colours["communication"])
-              for c in result["collectives"]]
-    fig, ax = plt.subplots(figsize=(10, 0.32 * len(lanes) + 1.6))
+    lanes += [(f"{c['op']} {i + 1}", [[c["start_ms"], c["end_ms"]]], colours["communication"])
+              for i, c in enumerate(result["collectives"])]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(lanes) + 1.8))
     for i, (_, spans, colour) in enumerate(lanes):
         ax.broken_barh([(s, e - s) for s, e in spans], (i - 0.35, 0.7), color=colour)
-    if result.get("backward_end_ms") is not None:
-        ax.axvline(result["backward_end_ms"], color="black", linestyle="--", linewidth=0.8,
-                   label="end of the backward pass")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_yticks(range(len(lanes)), [name for name, *_ in lanes], fontsize=7)
     ax.invert_yaxis()
-    ax.set(xlabel="ms from the step's first op",
-           title=f"{title}: {result['span_ms']:.0f} ms; communication "
+    if result.get("backward_end_ms") is not None:
+        ax.axvline(result["backward_end_ms"], color="black", linestyle="--", linewidth=0.8)
+        ax.annotate(" backward pass ends", (result["backward_end_ms"], 1), xytext=(2, -4),
+                    textcoords="offset points", fontsize=7, va="top",
+                    xycoords=("data", "axes fraction"))
+    ax.set_xlabel("ms from the step's first op")
+    ax.set_title(f"{title}\n{result['span_ms']:.0f} ms; communication "
                  f"{result['communication_ms']:.0f} ms, of it exposed "
-                 f"{result['exposed_communication_ms']:.0f} ms")
+                 f"{result['exposed_communication_ms']:.0f} ms", fontsize=10)
     return _save(fig, path)

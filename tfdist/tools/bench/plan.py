@@ -225,6 +225,17 @@ def stragglers_summary(rows: list[dict]) -> str:
             f"25%; measured order {', '.join(order)}; simulated order {', '.join(simulated)}")
 
 
+def page_table(result: dict[str, Any]) -> str:
+    """The benchmark page's section of a plan result (what `run_plan` saved): the run it was
+    set beside, then the table and its summary."""
+    rows, measured = result["rows"], result["measured"]
+    stragglers = bool(rows) and "simulated" in rows[0]
+    body = ([stragglers_table(rows), stragglers_summary(rows)] if stragglers
+            else [table(rows), summary(rows)])
+    return "\n\n".join([f"Against `{measured['command']}`, measured on {measured['date']} on "
+                          f"{measured['machine']}:", *body])
+
+
 def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
              results: str | None = None, calibrate: str | None = None) -> list[dict]:
     out_dir = Path(out)

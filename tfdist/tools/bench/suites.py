@@ -408,6 +408,10 @@ def table_of(suite: str, result: dict) -> str:
         from tfdist.tools.bench.models import page_table as models_page
 
         return models_page(result)
+    if suite == "plan":
+        from tfdist.tools.bench.plan import page_table as plan_page
+
+        return plan_page(result)
     if suite == "collectives":
         from tfdist.tools.bench.collectives import page_table
 

@@ -73,11 +73,12 @@ def op_events(logdir: str) -> list[tuple[str, str, int, int]]:
                     stats = {stat_names.get(s.metadata_id): (
                         stat_names.get(s.ref_value) if s.ref_value else s.int64_value or s.uint64_value)
                         for s in event.stats}
-                    if name == _ASYNC + "Start" and stats.get("_p"):
-                        started[stats["_p"]] = (stats.get("name") or "", stats.get(
-                            "kernel_type") or "", start)
-                    elif name == _ASYNC + "Done" and stats.get("_c"):
-                        done[stats["_c"]] = end
+                    produced, consumed = int(stats.get("_p") or 0), int(stats.get("_c") or 0)
+                    if name == _ASYNC + "Start" and produced:
+                        started[produced] = (str(stats.get("name") or ""),
+                                             str(stats.get("kernel_type") or ""), start)
+                    elif name == _ASYNC + "Done" and consumed:
+                        done[consumed] = end
                     continue
                 node, _, op_type = name.partition(":")
                 if op_type.isidentifier():  # op kernels are "node name:OpType"

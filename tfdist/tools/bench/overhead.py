@@ -123,8 +123,7 @@ def overhead_table(rows: list[dict], steps: int, repeats: int) -> str:
              "| ratio | weights vs Keras' (max abs diff) | loss, last repeat |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lo, hi = min(r["repeat_ms"]), max(r["repeat_ms"])
-        lines.append(f"| {r['label']} | {r['step_ms']:.1f} | {lo:.1f}-{hi:.1f} | "
+        lines.append(f"| {r['label']} | {r['step_ms']:.1f} | {_spread(r, 1)} | "
                      f"{r['overhead_ms']:+.1f} | {r['ratio']:.2f} | {r['max_weight_diff']:.1e} | "
                      f"{r['loss']:.4f} |")
     return (f"A world of one (no strategy, no communication), MLP {INPUT_DIM}-"
@@ -232,10 +231,9 @@ def update_table(rows: list[dict], steps: int) -> str:
              "| speed-up vs Keras' | weights vs Keras' (max abs diff) |",
              "|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        lo, hi = min(r["repeat_ms"]), max(r["repeat_ms"])
         lines.append(f"| {r['model']} ({r['parameters']:,} parameters, {r['variables']} "
                      f"variables) | {_OPTIMIZER_NAMES[r['optimizer']]} | {r['label']} | "
-                     f"{r['update_ms']:.2f} | {lo:.2f}-{hi:.2f} | {r['speedup']:.2f}x | "
+                     f"{r['update_ms']:.2f} | {_spread(r, 2)} | {r['speedup']:.2f}x | "
                      f"{r['max_weight_diff']:.1e} |")
     return (f"The optimizer's update alone: {steps} updates with the same gradients (one "
             f"batch's) in one traced function, from the same weights; each repeat's time per "
@@ -244,3 +242,8 @@ def update_table(rows: list[dict], steps: int) -> str:
 
 
 _OPTIMIZER_NAMES = {"sgd": "SGD with momentum 0.9", "adam": "Adam"}
+
+
+def _spread(row: dict, digits: int) -> str:
+    """A row's range over its repeats, "lowest-highest" (ms)."""
+    return f"{min(row['repeat_ms']):.{digits}f}-{max(row['repeat_ms']):.{digits}f}"

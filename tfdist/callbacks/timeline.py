@@ -22,7 +22,6 @@ import json
 import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import keras
@@ -157,7 +156,6 @@ class StepTimeline(keras.callbacks.Callback):
         if self._seen == self.step:
             self._logdir = tempfile.mkdtemp(prefix="tfdist-timeline-")
             tf.profiler.experimental.start(self._logdir)
-            self._began = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
         self._finish()

@@ -540,32 +540,36 @@ def test_a_fused_update_is_one_kernel_per_variable_on_keras_own_slots(make, kern
     """Keras' slots (`_momentums`, `_velocities`, `momentums`, looked up by
     `_get_variable_index`) are what the kernel updates: SGD's arithmetic is Keras' to the bit,
     Adam's to float32 rounding (its kernel computes 1 - beta_1 in float32)."""
-    rng = np.random.default_rng(0)
-    start = rng.normal(size=(2, 64, 32)).astype("float32")
-    grads = rng.normal(size=(3, 2, 64, 32)).astype("float32")
     runs = []
     for fused in (False, True):
-        variables = [keras.Variable(w) for w in start]
-        opt = make()
-        if fused:
-            assert _keras_hooks.fuse_update_step(opt) is True
+        opt, values, graph, patched = _three_updates(
+            make, _keras_hooks.fuse_update_step if fused else None)
+        assert patched is (True if fused else None)
         assert _keras_hooks.is_fused(opt) is fused
-        opt.build(variables)
-        step = _apply_function(opt, variables)
-        for g in grads:
-            step(tf.constant(g))
-        ops = {op.type for op in step.get_concrete_function(tf.constant(grads[0])).graph
-               .get_operations()}
-        assert (kernel in ops) is fused
-        runs.append([np.asarray(v) for v in [*variables, *opt.variables[2:]]])
+        assert (kernel in {op.type for op in graph.get_operations()}) is fused
+        runs.append(values)
     exact = kernel != "ResourceApplyAdam"
     for keras_value, fused_value in zip(*runs, strict=True):
         np.testing.assert_allclose(fused_value, keras_value, rtol=0 if exact else 1e-5,
                                    atol=0 if exact else 1e-6)
 
 
-def _apply_function(opt, variables):
-    return tf.function(lambda grads: opt.apply(tf.unstack(grads), variables))
+def _three_updates(make, patch=None):
+    """`make()`'s optimizer, patched by `patch` before it is built, applying 3 fixed gradients to
+    2 fixed variables in a traced function: (the optimizer, the variables' and its slots'
+    values after, the function's graph, what `patch` returned)."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(2, 64, 32)).astype("float32")
+    grads = rng.normal(size=(3, 2, 64, 32)).astype("float32")
+    variables = [keras.Variable(w) for w in start]
+    opt = make()
+    patched = patch(opt) if patch is not None else None
+    opt.build(variables)
+    step = tf.function(lambda grads: opt.apply(tf.unstack(grads), variables))
+    for g in grads:
+        step(tf.constant(g))
+    graph = step.get_concrete_function(tf.constant(grads[0])).graph
+    return opt, [np.asarray(v) for v in [*variables, *opt.variables[2:]]], graph, patched
 
 
 def test_optimizers_without_a_kernel_and_sparse_gradients_keep_keras_update():
@@ -594,26 +598,18 @@ def test_a_compiled_update_is_keras_own_arithmetic_in_one_xla_function_per_varia
     """`compile_update_step` runs the optimizer's own `update_step` (any optimizer, kernel or
     not) in a function XLA must compile, one per variable; the weights and slots stay Keras'
     to float32 rounding (XLA may fuse a multiply and an add)."""
-    rng = np.random.default_rng(0)
-    start = rng.normal(size=(2, 64, 32)).astype("float32")
-    grads = rng.normal(size=(3, 2, 64, 32)).astype("float32")
+    def compile_twice(opt):  # once is enough
+        return _keras_hooks.compile_update_step(opt), _keras_hooks.compile_update_step(opt)
+
     runs = []
     for compiled in (False, True):
-        variables = [keras.Variable(w) for w in start]
-        opt = make()
-        if compiled:
-            assert _keras_hooks.compile_update_step(opt) is True
-            assert _keras_hooks.compile_update_step(opt) is True  # once is enough
+        opt, values, graph, patched = _three_updates(make, compile_twice if compiled else None)
+        assert patched == ((True, True) if compiled else None)
         assert _keras_hooks.is_fused(opt) == ("xla" if compiled else False)
-        opt.build(variables)
-        step = _apply_function(opt, variables)
-        for g in grads:
-            step(tf.constant(g))
-        graph = step.get_concrete_function(tf.constant(grads[0])).graph
         must_compile = [f for f in graph._functions.values()  # noqa: SLF001 (the test reads it)
                         if f.definition.attr["_XlaMustCompile"].b]
         assert len(must_compile) == (2 if compiled else 0)  # one per variable
-        runs.append([np.asarray(v) for v in [*variables, *opt.variables[2:]]])
+        runs.append(values)
     for keras_value, compiled_value in zip(*runs, strict=True):
         np.testing.assert_allclose(compiled_value, keras_value, rtol=1e-6, atol=1e-7)
     # sparse gradients keep Keras' own update, as fuse_update_step's do

@@ -242,13 +242,18 @@ def is_fused(optimizer) -> bool | str:
     return getattr(optimizer, "_tfdist_fused", False)
 
 
+def fuse_update(optimizer, kind: bool | str) -> None:
+    """Fuses `optimizer`'s update as `kind` says: True, one kernel where one exists
+    (`fuse_update_step`); "xla", compiled (`compile_update_step`); False, Keras' own."""
+    if kind == "xla":
+        compile_update_step(optimizer)
+    elif kind:
+        fuse_update_step(optimizer)
+
+
 def fuse_like(source, target) -> None:
     """Fuses `target`'s update as `source`'s is (kernels, XLA or not at all)."""
-    fused = is_fused(source)
-    if fused == "xla":
-        compile_update_step(target)
-    elif fused:
-        fuse_update_step(target)
+    fuse_update(target, is_fused(source))
 
 
 def compile_update_step(optimizer) -> bool:
@@ -261,21 +266,21 @@ def compile_update_step(optimizer) -> bool:
     if is_fused(optimizer):
         return True
     keras_step = optimizer.update_step
-    compiled: dict[int, Any] = {}  # id(variable) -> its compiled step; the variable is held
+    compiled: dict[int, Any] = {}  # id(variable) -> its step, whose closure holds the variable
 
     def compile_for(variable):
         @tf.function(jit_compile=True, autograph=False)
         def step(gradient, learning_rate):
             keras_step(gradient, variable, learning_rate)
-        return variable, step
+        return step
 
     def update_step(gradient, variable, learning_rate):
         if isinstance(gradient, tf.IndexedSlices):
             return keras_step(gradient, variable, learning_rate)
         if id(variable) not in compiled:
             compiled[id(variable)] = compile_for(variable)
-        compiled[id(variable)][1](tf.convert_to_tensor(gradient),
-                                  tf.convert_to_tensor(learning_rate))
+        compiled[id(variable)](tf.convert_to_tensor(gradient),
+                               tf.convert_to_tensor(learning_rate))
 
     replace_method(optimizer, "update_step", update_step)
     replace_method(optimizer, "_tfdist_fused", "xla")

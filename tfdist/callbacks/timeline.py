@@ -83,7 +83,7 @@ def timeline_of(events, model_scope: str, optimizer_scopes: tuple[str, ...]) -> 
     `tfdist._hooks.profiler.op_events` reads them): times in ms from the step's first op of a
     known kind (not `other`) to its last."""
     kinded = [(*event, classify(event[0], event[1], model_scope, optimizer_scopes))
-                     for event in events]
+              for event in events]
     step = [(start, end) for *_, start, end, kind in kinded if kind != "other"]
     if not step:
         raise ValueError("The profiler recorded no op of the step.")

@@ -30,10 +30,9 @@ import tensorflow as tf
 
 from tfdist._hooks.optimizer import (
     built_variables,
-    compile_update_step,
     count_apply,
     disable_gradient_all_reduce,
-    fuse_update_step,
+    fuse_update,
 )
 from tfdist.arguments import check_bool, check_choice, check_int, check_number
 from tfdist.averaging import optimizer_slots
@@ -238,10 +237,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             self.inner_optimizer.loss_scale_factor = inner_scale_factor
         disable_gradient_all_reduce(self.inner_optimizer)
         self.fused_update = fused_update
-        if fused_update == "xla":
-            compile_update_step(self.inner_optimizer)
-        elif fused_update:
-            fuse_update_step(self.inner_optimizer)
+        fuse_update(self.inner_optimizer, fused_update)
 
     # -- Keras optimizer API ---------------------------------------------------------------------
     def build(self, var_list):

@@ -197,11 +197,10 @@ def update_rows(steps: int, repeats: int, progress=print) -> list[dict]:
                 model, variables, grads, optimizer = _update_setup(
                     model_name, shape, classes, hidden, optimizer_name, options)
                 updates = _updates(optimizer, grads, variables, steps)
-                initial = [v.numpy() for v in variables]
                 updates()  # trace, and the `steps` updates whose weights are compared
-                after = [v.numpy() for v in variables]
-                runs[key] = {"model": model, "variables": variables, "initial": initial,
-                             "after": after, "updates": updates, "samples": []}
+                runs[key] = {"model": model, "variables": variables,
+                             "after": [v.numpy() for v in variables], "updates": updates,
+                             "samples": []}
             for i in range(repeats):
                 for run in runs.values():
                     start = time.perf_counter()

@@ -23,7 +23,8 @@ gradients are large enough to see.
 The update alone (`update_rows`): on that MLP and on the models suite's ResNet-50, the same
 gradients applied 20 times in one traced function by Keras' optimizer and by the wrapper with
 each of its updates (fused kernels, Keras', Keras' compiled by XLA), timed per update, with the
-weights after the 20 updates compared with Keras'.
+weights after the 20 updates compared with Keras'; and the bound a flat buffer would reach, the
+fused kernel once over one vector of all parameters.
 """
 
 from __future__ import annotations
@@ -137,13 +138,17 @@ def overhead_table(rows: list[dict], steps: int, repeats: int) -> str:
 # (model, its builder's arguments) for the update-alone rows: the MLP above and the models
 # suite's ResNet-50 (64x64x3 images, 10 classes).
 UPDATE_MODELS = (("mlp", (INPUT_DIM,), CLASSES, HIDDEN), ("resnet50", (64, 64, 3), 10, ()))
-# (key, row label, tfdist.DistributedOptimizer's options; None: Keras' optimizer alone)
+# (key, row label, tfdist.DistributedOptimizer's options; None: Keras' optimizer alone). "flat"
+# is what a flat buffer would reach: the fused kernel once over all parameters, as if every
+# variable were a view into one buffer (`_flat_updates`).
 UPDATE_VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
     ("keras", "Keras' update (baseline)", None),
     ("fused", "tfdist, fused update (one kernel per variable)", {}),
     ("keras_update", "tfdist, Keras' update", {"fused_update": False}),
     ("xla", "tfdist, Keras' update compiled by XLA (one function per variable)",
      {"fused_update": "xla"}),
+    ("flat", "bound: one kernel over one flat copy of all parameters (not a training option)",
+     None),
 )
 
 
@@ -184,6 +189,44 @@ def _updates(optimizer, grads, variables, steps: int):
     return updates
 
 
+def _flat_updates(optimizer_name: str, grads, variables, steps: int):
+    """The fused kernel of `optimizer_name`'s Keras optimizer applied `steps` times to one flat
+    vector holding all of `variables` (a copy) with the concatenated `grads`, in one traced
+    function; and a function giving the vector back as the variables' values."""
+    import tensorflow as tf
+
+    keras_optimizer = _optimizer(optimizer_name)
+    shapes = [v.shape for v in variables]
+    flat = tf.Variable(tf.concat([tf.reshape(v, [-1]) for v in variables], 0))
+    slots = [tf.Variable(tf.zeros_like(flat)) for _ in range(2 if optimizer_name == "adam"
+                                                             else 1)]
+    gradient = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+    lr = tf.constant(float(keras_optimizer.learning_rate.numpy()))
+    count = tf.Variable(0.0)
+
+    @tf.function
+    def updates():
+        for _ in tf.range(steps):
+            if optimizer_name == "adam":
+                count.assign_add(1.0)
+                beta_1, beta_2 = keras_optimizer.beta_1, keras_optimizer.beta_2
+                tf.raw_ops.ResourceApplyAdam(
+                    var=flat.handle, m=slots[0].handle, v=slots[1].handle,
+                    beta1_power=tf.pow(beta_1, count), beta2_power=tf.pow(beta_2, count), lr=lr,
+                    beta1=beta_1, beta2=beta_2, epsilon=keras_optimizer.epsilon, grad=gradient)
+            else:
+                tf.raw_ops.ResourceApplyKerasMomentum(
+                    var=flat.handle, accum=slots[0].handle, lr=lr, grad=gradient,
+                    momentum=keras_optimizer.momentum)
+        return count
+
+    def values():
+        parts = tf.split(flat, [s.num_elements() for s in shapes])
+        return [tf.reshape(p, s).numpy() for p, s in zip(parts, shapes)]
+
+    return updates, values
+
+
 def update_rows(steps: int, repeats: int, progress=print) -> list[dict]:
     """The optimizer's update alone, timed: `steps` applies of the same gradients in one traced
     function, for every `UPDATE_MODELS` model, SGD with momentum and Adam, and every
@@ -196,11 +239,14 @@ def update_rows(steps: int, repeats: int, progress=print) -> list[dict]:
             for key, _, options in UPDATE_VARIANTS:
                 model, variables, grads, optimizer = _update_setup(
                     model_name, shape, classes, hidden, optimizer_name, options)
-                updates = _updates(optimizer, grads, variables, steps)
+                if key == "flat":
+                    updates, values = _flat_updates(optimizer_name, grads, variables, steps)
+                else:
+                    updates = _updates(optimizer, grads, variables, steps)
+                    values = lambda variables=variables: [v.numpy() for v in variables]  # noqa: E731
                 updates()  # trace, and the `steps` updates whose weights are compared
-                runs[key] = {"model": model, "variables": variables,
-                             "after": [v.numpy() for v in variables], "updates": updates,
-                             "samples": []}
+                runs[key] = {"model": model, "variables": variables, "after": values(),
+                             "updates": updates, "samples": []}
             for i in range(repeats):
                 for run in runs.values():
                     start = time.perf_counter()

@@ -195,6 +195,14 @@ def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
         assert r["measured_ms"] == pytest.approx(run["train_seconds"] / (run["steps"] - 1) * 1e3)
         if r["spec"] in ("dense", "powersgd:2"):
             assert r["predicted_bytes"] == run["bytes_per_step"], r["algorithm"]
+    # post-local SGD: its config's 22 synchronous steps, then averaging every 8 (3 epochs of
+    # 22 steps here: a third of the run is synchronous)
+    local = next(r for r in rows if r["algorithm"] == "local_sgd")
+    assert local["spec"] == "local_sgd:8 after 22 dense steps"
+    dense = next(r for r in rows if r["algorithm"] == "dense")["predicted_bytes"]
+    steps = measured["local_sgd"]["steps"]
+    assert local["predicted_bytes"] == pytest.approx((22 + (steps - 22) / 8) * dense / steps)
+    assert local["bytes_error"] == pytest.approx(0, abs=0.05)
     assert "median error" in (tmp_path / "plan.md").read_text()
 
 

@@ -9,7 +9,8 @@ compressors' own costs measured on the machine (`Calibration.from_results`).
 
 The measured step is the mean over the run's timed steps (the first, tracing, left out), which
 is what the planner predicts: for local SGD it spreads the averaging rounds over the steps.
-Post-local SGD's synchronous first epoch is in the measured mean and not in the prediction.
+Post-local SGD's run starts with synchronous steps (its config's `averaging.warmup_steps`), so
+its prediction is the run's mix: those steps priced as the dense exchange, the rest as local SGD.
 
 Given a stragglers suite's run instead (`--results stragglers.json`, `tfdist bench --suite
 stragglers`), the simulation (`tfdist.plan.simulate`) plays the same job: the same workers,
@@ -62,6 +63,7 @@ def compare(results: dict[str, Any], shapes, calibrations: dict[str, Calibration
     link have a zero-communication limit in `results`."""
     limits = {(r["hosts"], r["bandwidth"]): mean_step_s(r) for r in results["rows"]
               if r["algorithm"] == LIMIT}
+    warmup = _local_sgd(results["job"])[1]
     rows = []
     for r in results["rows"]:
         where = (r["hosts"], r["bandwidth"])
@@ -69,19 +71,32 @@ def compare(results: dict[str, Any], shapes, calibrations: dict[str, Calibration
             continue
         spec, engine = ALGORITHMS[r["algorithm"]]
         cluster = Cluster(r["hosts"], Link(parse_bandwidth(r["bandwidth"]) / 1e9), engine=engine)
-        (estimate,) = predict(Workload(shapes, limits[where]), cluster, [spec],
-                              calibration=calibrations.get(engine)).estimates
+        synchronous = min(warmup, r["steps"]) if spec.startswith("local_sgd") else 0
+        estimate, dense = (predict(Workload(shapes, limits[where]), cluster, [name],
+                                   calibration=calibrations.get(engine)).estimates[0]
+                           for name in (spec, "dense"))
+        # the run's timed steps (the first left out) and all its steps, as measured
+        step_s = _mixed(estimate.step_s, dense.step_s, synchronous - 1, r["steps"] - 1)
+        wire = _mixed(estimate.wire_bytes, dense.wire_bytes, synchronous, r["steps"])
         measured = mean_step_s(r)
         rows.append({"hosts": r["hosts"], "bandwidth": r["bandwidth"],
-                     "algorithm": r["algorithm"], "label": r["label"], "spec": spec,
+                     "algorithm": r["algorithm"], "label": r["label"],
+                     "spec": spec + (f" after {synchronous} dense steps" if synchronous else ""),
                      "engine": engine, "compute_ms": limits[where] * 1e3,
-                     "predicted_ms": estimate.step_s * 1e3, "measured_ms": measured * 1e3,
-                     "step_error": estimate.step_s / measured - 1,
-                     "predicted_bytes": estimate.wire_bytes,
+                     "predicted_ms": step_s * 1e3, "measured_ms": measured * 1e3,
+                     "step_error": step_s / measured - 1,
+                     "predicted_bytes": wire,
                      "counted_bytes": r["bytes_per_step"],
-                     "bytes_error": (estimate.wire_bytes / r["bytes_per_step"] - 1
+                     "bytes_error": (wire / r["bytes_per_step"] - 1
                                      if r["bytes_per_step"] else None)})
     return rows
+
+
+def _mixed(value: float, dense: float, synchronous: int, steps: int) -> float:
+    """The mean over `steps` steps of which the first `synchronous` cost `dense`, the rest
+    `value`."""
+    synchronous = max(0, min(synchronous, steps))
+    return (synchronous * dense + (steps - synchronous) * value) / max(steps, 1)
 
 
 def table(rows: list[dict]) -> str:

@@ -206,6 +206,27 @@ def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
     assert "median error" in (tmp_path / "plan.md").read_text()
 
 
+def test_the_bench_sets_the_planned_memory_beside_the_memory_suite(tmp_path):
+    """`tfdist bench --suite plan` on the memory suite's run kept in the docs: per replica
+    count (1-8) and algorithm (dense, ZeRO 1-3), the bytes the optimizer held there, read from
+    where each variable was placed, are the planned bytes."""
+    from tfdist.tools.cli import main
+
+    data = f"{ROOT}/docs/benchmarks/data/memory.json"
+    assert main(["bench", "--suite", "plan", "--results", data, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "plan.json").read_text())["rows"]
+    measured = json.loads(Path(data).read_text())["rows"]
+    assert [(r["replicas"], r["stage"]) for r in rows] == [
+        (m["replicas"], stage) for m in measured for stage in ("baseline", "zero1", "zero2",
+                                                                "zero3")]
+    by = {(m["replicas"], stage): m[stage] for m in measured for stage in ("baseline", "zero1",
+                                                                            "zero2", "zero3")}
+    for r in rows:
+        assert r["measured_bytes"] == by[r["replicas"], r["stage"]]
+        assert r["predicted_bytes"] == r["measured_bytes"], r
+    assert "16 of 16 within 5%" in (tmp_path / "plan.md").read_text()
+
+
 # The simulation (`tfdist.plan.simulate`): each case below is worked out by hand.
 C, E, T = 0.1, 0.02, 0.01  # compute, all-reduce, parameter-server transfer (s)
 

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--results", metavar="PATH",
                        help="plan: a comm suite's comm.json to compare with, instead of running "
                             "the comm suite; or a stragglers suite's stragglers.json, to compare "
-                            "the straggler simulation with")
+                            "the straggler simulation with; or a memory suite's memory.json, to "
+                            "compare the planned memory per replica with")
     bench.add_argument("--calibrate", metavar="DIR",
                        help="plan: the collectives and compressors suites' JSON that calibrate "
                             "the planner (e.g. docs/benchmarks/data)")

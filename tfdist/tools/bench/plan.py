@@ -26,6 +26,7 @@ synchronous all-reduce's, and the mean staleness.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -240,13 +241,62 @@ def stragglers_summary(rows: list[dict]) -> str:
             f"25%; measured order {', '.join(order)}; simulated order {', '.join(simulated)}")
 
 
+# memory suite column -> the planned algorithm whose memory it measured
+MEMORY = {"baseline": ("dense", "dense exchange"), "zero1": ("zero1", "ZeRO-1"),
+          "zero2": ("zero2", "ZeRO-2"), "zero3": ("zero3", "ZeRO-3")}
+
+
+def compare_memory(data: dict[str, Any]) -> list[dict]:
+    """The planner's memory per device against a memory suite's run (`tfdist bench --suite
+    memory`): per replica, the optimizer's own bytes as that suite reads them from where each
+    variable was placed (`tfdist.zero.memory_report`): Adam's state and the gradient buffers,
+    ZeRO-1/2's fp32 parameter shard, ZeRO-3's share of the model. The model is the suite's
+    MLP, whose shapes its dimensions give."""
+    model = data["model"]
+    widths = [model["input_dim"], *model["hidden"], model["classes"]]
+    shapes = [s for a, b in zip(widths, widths[1:]) for s in ((a, b), (b,))]
+    rows = []
+    for r in data["rows"]:
+        if sum(math.prod(s) for s in shapes) != r["parameters"]:
+            raise ValueError(f"--results: the memory run's model has {r['parameters']:,} "
+                             f"parameters, not the {widths} MLP's; give a memory suite's run")
+        workload = Workload(tuple(shapes), 0.0, optimizer_slots=2)  # Adam's two slots
+        for column, (spec, label) in MEMORY.items():
+            (estimate,) = predict(workload, Cluster(r["replicas"], Link(1.0)), [spec]).estimates
+            planned = estimate.memory
+            predicted = planned["optimizer_state"] + planned["gradients"] + (
+                planned["algorithm_state"] if spec in ("zero1", "zero2") else 0) + (
+                planned["parameters"] if spec == "zero3" else 0)
+            rows.append({"replicas": r["replicas"], "stage": column, "label": label,
+                         "predicted_bytes": predicted, "measured_bytes": r[column],
+                         "memory_error": predicted / r[column] - 1})
+    return rows
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = ["| replicas | algorithm | predicted bytes/replica | measured bytes/replica | error |",
+             "|---:|---|---:|---:|---:|"]
+    lines += [f"| {r['replicas']} | {r['label']} | {r['predicted_bytes']:,} | "
+              f"{r['measured_bytes']:,} | {r['memory_error']:+.1%} |" for r in rows]
+    return "\n".join(lines)
+
+
+def memory_summary(rows: list[dict]) -> str:
+    within = sum(abs(r["memory_error"]) <= 0.05 for r in rows)
+    return (f"memory per replica: {within} of {len(rows)} within 5%, largest error "
+            f"{max(abs(r['memory_error']) for r in rows):.1%}")
+
+
 def page_table(result: dict[str, Any]) -> str:
     """The benchmark page's section of a plan result (what `run_plan` saved): the run it was
     set beside, then the table and its summary."""
     rows, measured = result["rows"], result["measured"]
-    stragglers = bool(rows) and "simulated" in rows[0]
-    body = ([stragglers_table(rows), stragglers_summary(rows)] if stragglers
-            else [table(rows), summary(rows)])
+    if rows and "simulated" in rows[0]:
+        body = [stragglers_table(rows), stragglers_summary(rows)]
+    elif rows and "stage" in rows[0]:
+        body = [memory_table(rows), memory_summary(rows)]
+    else:
+        body = [table(rows), summary(rows)]
     return "\n\n".join([f"Against `{measured['command']}`, measured on {measured['date']} on "
                           f"{measured['machine']}:", *body])
 
@@ -268,8 +318,8 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                  algorithms or list(ALGORITHMS))
         results = str(out_dir / "comm" / "comm.json")
     if not Path(results).is_file():
-        raise ValueError(f"--results {results!r} does not exist: give a comm.json written by "
-                         "`tfdist bench --suite comm`")
+        raise ValueError(f"--results {results!r} does not exist: give a comm.json, "
+                         "stragglers.json or memory.json written by `tfdist bench`")
     data = json.loads(Path(results).read_text())
     if "straggler" in data:  # a stragglers suite's run: the simulation
         inputs = straggler_inputs(data)
@@ -280,6 +330,11 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                 f"{inputs['transfer_s'] * 1e3:.1f} ms, all-reduce {inputs['exchange_s'] * 1e3:.1f}"
                 f" ms, the slow worker's late start {inputs['late_s']:.2f} s.")
         text = "\n\n".join([head, stragglers_table(rows), stragglers_summary(rows)]) + "\n"
+    elif data["rows"] and "zero1" in data["rows"][0]:  # a memory suite's run
+        rows = compare_memory(data)
+        head = (f"Memory planned by `tfdist.plan` for `{data['command']}` (measured "
+                f"{data['date']}, {data['machine']}).")
+        text = "\n\n".join([head, memory_table(rows), memory_summary(rows)]) + "\n"
     else:
         rows = compare(data, job_shapes(data["job"]), calibrations)
         head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "

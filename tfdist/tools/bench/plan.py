@@ -21,6 +21,10 @@ the same transfer) and the synchronous all-reduce's (the slow step and the all-r
 other algorithms are predicted: their mean step, their time to the target accuracy (the
 chief's clock at the step where the run's own accuracy curve reached it) and its ratio to the
 synchronous all-reduce's, and the mean staleness.
+
+Given a memory suite's run (`--results memory.json`, `tfdist bench --suite memory`), the
+planner's memory per replica for the dense exchange and ZeRO 1-3 is set beside the bytes each
+replica's optimizer held there (`compare_memory`).
 """
 
 from __future__ import annotations
@@ -291,14 +295,17 @@ def page_table(result: dict[str, Any]) -> str:
     """The benchmark page's section of a plan result (what `run_plan` saved): the run it was
     set beside, then the table and its summary."""
     rows, measured = result["rows"], result["measured"]
-    if rows and "simulated" in rows[0]:
-        body = [stragglers_table(rows), stragglers_summary(rows)]
-    elif rows and "stage" in rows[0]:
-        body = [memory_table(rows), memory_summary(rows)]
-    else:
-        body = [table(rows), summary(rows)]
     return "\n\n".join([f"Against `{measured['command']}`, measured on {measured['date']} on "
-                          f"{measured['machine']}:", *body])
+                          f"{measured['machine']}:", *_sections(rows)])
+
+
+def _sections(rows: list[dict]) -> list[str]:
+    """A comparison's table and summary, for whichever suite's run it was set beside."""
+    if rows and "simulated" in rows[0]:
+        return [stragglers_table(rows), stragglers_summary(rows)]
+    if rows and "stage" in rows[0]:
+        return [memory_table(rows), memory_summary(rows)]
+    return [table(rows), summary(rows)]
 
 
 def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
@@ -329,18 +336,16 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                 f"{inputs['compute_s'] * 1e3:.1f} ms, slowdown {inputs['slowdown']:g}, transfer "
                 f"{inputs['transfer_s'] * 1e3:.1f} ms, all-reduce {inputs['exchange_s'] * 1e3:.1f}"
                 f" ms, the slow worker's late start {inputs['late_s']:.2f} s.")
-        text = "\n\n".join([head, stragglers_table(rows), stragglers_summary(rows)]) + "\n"
     elif data["rows"] and "zero1" in data["rows"][0]:  # a memory suite's run
         rows = compare_memory(data)
         head = (f"Memory planned by `tfdist.plan` for `{data['command']}` (measured "
                 f"{data['date']}, {data['machine']}).")
-        text = "\n\n".join([head, memory_table(rows), memory_summary(rows)]) + "\n"
     else:
         rows = compare(data, job_shapes(data["job"]), calibrations)
         head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
                 f"{data['machine']}); calibration: "
                 f"{calibrations['tf.distribute'].source if calibrations else 'none'}.")
-        text = "\n\n".join([head, table(rows), summary(rows)]) + "\n"
+    text = "\n\n".join([head, *_sections(rows)]) + "\n"
     (out_dir / "plan.md").write_text(text)
     command = f"tfdist bench --suite plan --results {results}" + (
         f" --calibrate {calibrate}" if calibrate else "")

@@ -4,6 +4,7 @@ model agrees with the arithmetic worked by hand, and the command answers without
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -119,11 +120,39 @@ def test_a_calibration_is_fitted_from_the_collectives_rows(tmp_path):
     rows = [{"transport": "horovod", "splits": 1, "processes": 2, "size_mb": mb, "median_ms": ms}
             for mb, ms in ((1.0, 5.0), (21.0, 25.0), (81.0, 85.0))]  # 2 ms per call + 1 ms/MB
     (tmp_path / "collectives.json").write_text(json.dumps({"rows": rows}))
+    # between 4 processes: 12 ms per call, 2 ns per byte of the ring (1.5x the tensor per process)
+    rows += [{"transport": "horovod", "splits": 1, "processes": 4, "size_mb": mb,
+              "median_ms": 12.0 + 2e-6 * 1.5 * mb * 1e6} for mb in (1.0, 21.0, 81.0)]
+    (tmp_path / "collectives.json").write_text(json.dumps({"rows": rows}))
     cal = Calibration.from_results(tmp_path, "horovod")
-    assert cal.seconds_per_byte == pytest.approx(1e-9)
+    assert cal.seconds_per_byte == pytest.approx(1e-9) and cal.processes == 2  # the fewest
     assert cal.hop_s == pytest.approx(4e-3 / 2)  # an all-reduce between 2 has 2 hops
+    four = Calibration.from_results(tmp_path, "horovod", processes=4)
+    assert four.seconds_per_byte == pytest.approx(2e-9) and four.processes == 4
+    assert four.hop_s == pytest.approx(12e-3 / 6)  # between 4, 6 hops
+    assert Calibration.from_results(tmp_path, "horovod", processes=8).processes == 2
     with pytest.raises(ValueError, match="does not exist"):
         Calibration.from_results(tmp_path / "missing")
+
+
+def test_a_calibration_is_scaled_to_hosts_that_share_the_cores():
+    """The plan suite's emulated hosts share the machine's cores: each CPU-bound cost grows
+    with the processes per core, the engine's from the count its collectives were measured
+    at, the compressors' from one process."""
+    from tfdist.tools.bench.machine import cores_of
+    from tfdist.tools.bench.plan import shared_machine
+
+    assert cores_of("2 CPU cores (AMD EPYC), 24 GiB, Linux") == 2 and cores_of("?") is None
+    cal = Calibration(hop_s=1e-3, seconds_per_byte=2e-9, compressor_ms_per_mb={"fp16": 0.5},
+                      processes=2)
+    assert shared_machine(cal, 2, 2) is cal and shared_machine(cal, 8, None) is cal
+    four = shared_machine(cal, 4, 2)
+    assert (four.hop_s, four.seconds_per_byte) == pytest.approx((2e-3, 4e-9))
+    assert four.compressor_ms_per_mb == {"fp16": 1.0}
+    measured_at_four = shared_machine(dataclasses.replace(cal, processes=4), 4, 2)
+    assert (measured_at_four.hop_s, measured_at_four.seconds_per_byte) == (1e-3, 2e-9)
+    assert measured_at_four.compressor_ms_per_mb == {"fp16": 1.0}
+    assert shared_machine(cal, 8, 4).seconds_per_byte == pytest.approx(4e-9)  # 2 per core
 
 
 def test_bad_plans_are_refused_by_name():

@@ -152,6 +152,8 @@ class Calibration:
         compressor_ms_per_mb: A compressor family's ("fp16", "powersgd", "topk") work per MB
             (10**6 bytes) of gradient.
         source: Where the figures come from.
+        processes: How many processes shared the machine when the engine's costs were measured
+            (0: not known).
 
     Example:
         ```python
@@ -170,13 +172,15 @@ class Calibration:
     seconds_per_byte: float = 0.0
     compressor_ms_per_mb: Mapping[str, float] = dataclasses.field(default_factory=dict)
     source: str = "none: the links alone"
+    processes: int = 0
 
     @classmethod
-    def from_results(cls, directory: str | Path, engine: str = "tf.distribute") -> Calibration:
+    def from_results(cls, directory: str | Path, engine: str = "tf.distribute",
+                     processes: int | None = None) -> Calibration:
         """Fits `engine`'s per-hop and per-byte cost to the collectives suite's whole all-reduces
-        between the fewest processes (`collectives.json`), and reads the compressors suite's
-        work per MB (`compressors.json`), both from `directory` (e.g. docs/benchmarks/data).
-        A file that is missing leaves its part at 0."""
+        (`collectives.json`) between `processes` processes where it has them, else between the
+        fewest, and reads the compressors suite's work per MB (`compressors.json`), both from
+        `directory` (e.g. docs/benchmarks/data). A file that is missing leaves its part at 0."""
         check_choice("engine", engine, ENGINES)
         directory = Path(directory)
         if not directory.is_dir():
@@ -184,19 +188,22 @@ class Calibration:
                              "the directory where `tfdist bench --suite collectives` and "
                              "`--suite compressors` wrote their JSON (e.g. docs/benchmarks/data)")
         hop_s = per_byte = 0.0
+        fitted = 0
         sources = []
         collectives = directory / "collectives.json"
         if collectives.exists():
             data = json.loads(collectives.read_text())
             rows = [r for r in data["rows"] if r["transport"] == engine and r["splits"] == 1]
             if rows:
-                fewest = min(r["processes"] for r in rows)
-                points = sorted((ring_bytes("all_reduce", r["size_mb"] * 1e6, fewest),
-                                 r["median_ms"] / 1e3) for r in rows if r["processes"] == fewest)
+                counts = {r["processes"] for r in rows}
+                fitted = processes if processes is not None and processes in counts \
+                    else min(counts)
+                points = sorted((ring_bytes("all_reduce", r["size_mb"] * 1e6, fitted),
+                                 r["median_ms"] / 1e3) for r in rows if r["processes"] == fitted)
                 per_call, per_byte = _line(points)
-                hop_s = max(per_call, 0.0) / ring_hops("all_reduce", fewest)
-                sources.append(f"{collectives.name} ({data.get('date', '?')}, "
-                               f"{data.get('machine', '?')})")
+                hop_s = max(per_call, 0.0) / ring_hops("all_reduce", fitted)
+                sources.append(f"{collectives.name} ({fitted} processes, "
+                               f"{data.get('date', '?')}, {data.get('machine', '?')})")
         per_mb = {}
         compressors = directory / "compressors.json"
         if compressors.exists():
@@ -208,7 +215,7 @@ class Calibration:
                     per_mb[names[name]] = float(row["ms_per_mb"])
             sources.append(f"{compressors.name} ({data.get('date', '?')})")
         return cls(hop_s, max(per_byte, 0.0), per_mb,
-                   ", ".join(sources) or f"none found in {directory}")
+                   ", ".join(sources) or f"none found in {directory}", fitted)
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

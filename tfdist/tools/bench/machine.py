@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import time
 from importlib import metadata
 
@@ -25,3 +26,9 @@ def machine() -> str:
 def stamp(command: str) -> dict[str, str]:
     """The head of a suite's JSON: the command that ran it, today's date and this machine."""
     return {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine()}
+
+
+def cores_of(machine_text: str) -> int | None:
+    """The number of CPU cores a `machine()` text names, or None."""
+    found = re.match(r"(\d+) CPU cores", machine_text)
+    return int(found.group(1)) if found else None

@@ -100,6 +100,7 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None) -> list[dict
               if r["algorithm"] == LIMIT}
     warmup = _local_sgd(results["job"])[1]
     cores = cores_of(results.get("machine", ""))
+    calibrations: dict[tuple[str, int], Calibration | None] = {}  # (engine, hosts) -> scaled
     rows = []
     for r in results["rows"]:
         where = (r["hosts"], r["bandwidth"])
@@ -107,9 +108,11 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None) -> list[dict
             continue
         spec, engine = ALGORITHMS[r["algorithm"]]
         cluster = Cluster(r["hosts"], Link(parse_bandwidth(r["bandwidth"]) / 1e9), engine=engine)
-        calibration = shared_machine(
-            Calibration.from_results(calibrate, engine, r["hosts"]) if calibrate else None,
-            r["hosts"], cores)
+        if (engine, r["hosts"]) not in calibrations:
+            calibrations[engine, r["hosts"]] = shared_machine(
+                Calibration.from_results(calibrate, engine, r["hosts"]) if calibrate else None,
+                r["hosts"], cores)
+        calibration = calibrations[engine, r["hosts"]]
         synchronous = min(warmup, r["steps"]) if spec.startswith("local_sgd") else 0
         estimate, dense = (predict(Workload(shapes, limits[where]), cluster, [name],
                                    calibration=calibration).estimates[0]

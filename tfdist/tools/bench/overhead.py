@@ -139,7 +139,7 @@ def overhead_table(rows: list[dict], steps: int, repeats: int) -> str:
 # suite's ResNet-50 (64x64x3 images, 10 classes).
 UPDATE_MODELS = (("mlp", (INPUT_DIM,), CLASSES, HIDDEN), ("resnet50", (64, 64, 3), 10, ()))
 # (key, row label, tfdist.DistributedOptimizer's options; None: Keras' optimizer alone). "flat"
-# is what a flat buffer would reach: the fused kernel once over all parameters, as if every
+# is what a flat buffer would reach: the fused update once over all parameters, as if every
 # variable were a view into one buffer (`_flat_updates`).
 UPDATE_VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
     ("keras", "Keras' update (baseline)", None),
@@ -147,8 +147,8 @@ UPDATE_VARIANTS: tuple[tuple[str, str, dict | None], ...] = (
     ("keras_update", "tfdist, Keras' update", {"fused_update": False}),
     ("xla", "tfdist, Keras' update compiled by XLA (one function per variable)",
      {"fused_update": "xla"}),
-    ("flat", "bound: one kernel over one flat copy of all parameters (not a training option)",
-     None),
+    ("flat", "bound: the fused update over one flat copy of all parameters (not a training "
+     "option)", None),
 )
 
 
@@ -190,38 +190,22 @@ def _updates(optimizer, grads, variables, steps: int):
 
 
 def _flat_updates(optimizer_name: str, grads, variables, steps: int):
-    """The fused kernel of `optimizer_name`'s Keras optimizer applied `steps` times to one flat
-    vector holding all of `variables` (a copy) with the concatenated `grads`, in one traced
-    function; and a function giving the vector back as the variables' values."""
+    """The fused update (the "fused" variant's wrapper and kernel) applied `steps` times to one
+    flat variable holding a copy of all `variables`, with the concatenated `grads`, in one
+    traced function; and a function giving the flat variable back as the variables' values."""
     import tensorflow as tf
 
-    keras_optimizer = _optimizer(optimizer_name)
-    shapes = [v.shape for v in variables]
-    flat = tf.Variable(tf.concat([tf.reshape(v, [-1]) for v in variables], 0))
-    slots = [tf.Variable(tf.zeros_like(flat)) for _ in range(2 if optimizer_name == "adam"
-                                                             else 1)]
-    gradient = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-    lr = tf.constant(float(keras_optimizer.learning_rate.numpy()))
-    count = tf.Variable(0.0)
+    def flattened(tensors):
+        return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
 
-    @tf.function
-    def updates():
-        for _ in tf.range(steps):
-            if optimizer_name == "adam":
-                count.assign_add(1.0)
-                beta_1, beta_2 = keras_optimizer.beta_1, keras_optimizer.beta_2
-                tf.raw_ops.ResourceApplyAdam(
-                    var=flat.handle, m=slots[0].handle, v=slots[1].handle,
-                    beta1_power=tf.pow(beta_1, count), beta2_power=tf.pow(beta_2, count), lr=lr,
-                    beta1=beta_1, beta2=beta_2, epsilon=keras_optimizer.epsilon, grad=gradient)
-            else:
-                tf.raw_ops.ResourceApplyKerasMomentum(
-                    var=flat.handle, accum=slots[0].handle, lr=lr, grad=gradient,
-                    momentum=keras_optimizer.momentum)
-        return count
+    shapes = [v.shape for v in variables]
+    flat = keras.Variable(flattened(variables))
+    optimizer = DistributedOptimizer(_optimizer(optimizer_name))
+    optimizer.build([flat])
+    updates = _updates(optimizer, [flattened(grads)], [flat], steps)
 
     def values():
-        parts = tf.split(flat, [s.num_elements() for s in shapes])
+        parts = tf.split(flat.value, [s.num_elements() for s in shapes])
         return [tf.reshape(p, s).numpy() for p, s in zip(parts, shapes)]
 
     return updates, values

@@ -430,6 +430,37 @@ def test_bench_compressors_times_every_compressor(tmp_path, monkeypatch):
     assert (tmp_path / "compressors.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_compressors_in_processes_at_once():
+    """`--suite compressors --hosts 2`: two processes time the same exchanges at once, each over
+    a loopback of 2 workers; a process that fails is named, with its error, and none is left."""
+    import multiprocessing
+
+    from tfdist.tools.bench import compressors
+    from tfdist.tools.bench.suites import run_suite
+
+    shapes = [(96, 64), (64, 10)]
+    chosen = [("fp16", {"name": "fp16"}), ("ef_topk 1%", {"name": "topk", "ratio": 0.01})]
+    lines = []
+    rows = compressors.shared_rows(2, quick=True, progress=lines.append, compressors=chosen,
+                                   shapes=shapes)
+    assert [r["compressor"] for r in rows] == ["fp16", "ef_topk 1%"]
+    for r in rows:
+        assert r["processes"] == r["workers"] == 2  # the shapes given: all exchanged
+        assert r["megabytes"] == (96 * 64 + 64 * 10) * 4 / 1e6
+        assert 0 < r["ms"] <= r["slowest_ms"] and r["ms_per_mb"] == r["ms"] / r["megabytes"]
+    assert lines[0].startswith("bench: compressors: 2 processes at once") and len(lines) == 3
+    assert "| processes at once |" in compressors.compressor_table(rows)
+
+    with pytest.raises(RuntimeError, match=r"process \d failed: ValueError: .*'zip'"):
+        compressors.shared_rows(2, quick=True, progress=lines.append,
+                                compressors=[("zip", "zip")], shapes=shapes)
+    assert not multiprocessing.active_children()
+    with pytest.raises(ValueError, match="at least 2"):
+        compressors.compressor_rows(processes=["1"])
+    with pytest.raises(ValueError, match="--hosts does not apply to the memory suite"):
+        run_suite("memory", processes=["2"])
+
+
 def test_bench_overhead_reaches_keras_weights(tmp_path, monkeypatch):
     """The overhead suite (a small MLP here, to be quick): one row per optimizer, each trained
     the same steps on the same batches; in a world of one the dense wrapper and local SGD's

@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--hosts", type=_list, metavar="N,...",
                        help="comm, plan, models, stragglers, pipeline_hosts: numbers of emulated "
                             "hosts (default: the spec's; pipeline_hosts: 2,4); collectives: "
-                            "numbers of processes on 127.0.0.1 (default: 2)")
+                            "numbers of processes on 127.0.0.1 (default: 2); compressors: "
+                            "numbers of processes measured at once (default: this one)")
     bench.add_argument("--bandwidths", type=_list, metavar="RATE,...",
                        help="comm, plan, models, stragglers, pipeline_hosts: link bandwidths "
                             "with a "
@@ -421,7 +422,7 @@ def cmd_bench(args) -> int:
             from tfdist.tools.bench.suites import run_suite
 
             run_suite(args.suite, quick=args.quick, steps=args.steps, repeats=args.repeats,
-                      out=args.out)
+                      out=args.out, processes=args.hosts)
     except (ConfigError, ValueError) as e:
         print(f"tfdist bench: {e}", file=sys.stderr)
         return 2

@@ -72,7 +72,9 @@ def compression(rows: list[dict], path: Path) -> Path:
 def compressors(rows: list[dict], path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.6))
-    ax.barh([r["compressor"] for r in rows], [r["ms_per_mb"] for r in rows], color="tab:blue")
+    labels = [r["compressor"] + (f", {r['processes']} at once" if r.get("processes", 1) > 1
+                                 else "") for r in rows]
+    ax.barh(labels, [r["ms_per_mb"] for r in rows], color="tab:blue")
     for i, r in enumerate(rows):
         ax.text(r["ms_per_mb"], i, f" {r['ms_per_mb']:.2f}", va="center", fontsize=8)
     ax.set(xlabel="ms per MB of gradient (median)", title="compressors: own work per MB")

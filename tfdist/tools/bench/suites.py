@@ -430,7 +430,10 @@ def table_of(suite: str, result: dict) -> str:
 
 
 def run_suite(suite: str, quick: bool = False, steps: int | None = None,
-              repeats: int | None = None, out: str = "runs/bench") -> list[dict]:
+              repeats: int | None = None, out: str = "runs/bench",
+              processes=None) -> list[dict]:
+    """Runs `suite` and writes OUT/SUITE.md, .json and .png. `processes` (compressors only):
+    numbers of processes measured at once (`compressors.shared_rows`)."""
     if suite not in SUITES:
         raise ValueError(f"Unknown suite {suite!r}; available: {', '.join(SUITES)}.")
     steps = steps or (10 if quick else 30)
@@ -439,7 +442,11 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
         raise ValueError(f"--steps and --repeats must be >= 1. Received: {steps}, {repeats}")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "")
+    if processes and suite != "compressors":
+        raise ValueError(f"--hosts does not apply to the {suite} suite (received {processes}): "
+                         "it runs in this process")
+    command = f"tfdist bench --suite {suite}" + (" --quick" if quick else "") + \
+        (f" --hosts {','.join(map(str, processes))}" if processes else "")
     meta: dict = {}
     if suite == "pipeline":
         from tfdist.tools.bench import pipeline as measure
@@ -460,9 +467,11 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     elif suite == "compressors":
         from tfdist.tools.bench.compressors import COMPRESSORS, compressor_rows
 
-        print(f"bench: compressors: {len(COMPRESSORS)} compressors, one exchange each, "
-              "in this process", flush=True)
-        rows = compressor_rows(quick)
+        where = (f"in {', '.join(map(str, processes))} processes at once" if processes
+                 else "in this process")
+        print(f"bench: compressors: {len(COMPRESSORS)} compressors, one exchange each, {where}",
+              flush=True)
+        rows = compressor_rows(quick, processes=processes)
     elif suite == "overhead":
         from tfdist.tools.bench import overhead
 

@@ -131,6 +131,20 @@ def test_a_calibration_is_fitted_from_the_collectives_rows(tmp_path):
     assert four.seconds_per_byte == pytest.approx(2e-9) and four.processes == 4
     assert four.hop_s == pytest.approx(12e-3 / 6)  # between 4, 6 hops
     assert Calibration.from_results(tmp_path, "horovod", processes=8).processes == 2
+    assert cal.compressor_ms_per_mb == {} and cal.compressor_processes == 0  # no such file
+    # the compressors measured alone (an older file: no count) and in 4 processes at once
+    alone = [{"config": {"name": "topk"}, "ms_per_mb": 2.0}, {"config": None, "ms_per_mb": 0.1},
+             {"config": {"name": "fp16"}, "ms_per_mb": 0.25}]
+    shared = [{"config": {"name": "topk"}, "ms_per_mb": 5.0, "processes": 4},
+              {"config": {"name": "powersgd"}, "ms_per_mb": 3.0, "processes": 4}]
+    (tmp_path / "compressors.json").write_text(json.dumps({"rows": alone + shared}))
+    assert Calibration.from_results(tmp_path, "horovod").compressor_ms_per_mb == \
+        {"topk": 2.0, "fp16": 0.25}
+    four = Calibration.from_results(tmp_path, "horovod", processes=4)
+    assert four.compressor_ms_per_mb == {"topk": 5.0, "powersgd": 3.0}
+    assert four.compressor_processes == 4 and "4 processes" in four.source
+    eight = Calibration.from_results(tmp_path, "horovod", processes=8)  # none: the fewest
+    assert eight.compressor_processes == 1 and eight.compressor_ms_per_mb["topk"] == 2.0
     with pytest.raises(ValueError, match="does not exist"):
         Calibration.from_results(tmp_path / "missing")
 
@@ -153,6 +167,10 @@ def test_a_calibration_is_scaled_to_hosts_that_share_the_cores():
     assert (measured_at_four.hop_s, measured_at_four.seconds_per_byte) == (1e-3, 2e-9)
     assert measured_at_four.compressor_ms_per_mb == {"fp16": 1.0}
     assert shared_machine(cal, 8, 4).seconds_per_byte == pytest.approx(4e-9)  # 2 per core
+    # the compressors measured in 4 processes at once: scaled from there, not from one
+    both_at_four = dataclasses.replace(cal, processes=4, compressor_processes=4)
+    assert shared_machine(both_at_four, 4, 2) is both_at_four
+    assert shared_machine(both_at_four, 8, 2).compressor_ms_per_mb == {"fp16": 1.0}
 
 
 def test_bad_plans_are_refused_by_name():

@@ -56,6 +56,7 @@ from tfdist.plan.costs import (
 
 ENGINES = ("tf.distribute", "horovod")
 FLOAT = 4  # bytes: parameters, gradients and optimizer state are float32
+COMPRESSOR_FAMILIES = ("fp16", "powersgd", "topk")  # the compressors the planner prices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +155,8 @@ class Calibration:
         source: Where the figures come from.
         processes: How many processes shared the machine when the engine's costs were measured
             (0: not known).
+        compressor_processes: How many processes shared it when the compressors' were (0: not
+            known).
 
     Example:
         ```python
@@ -173,14 +176,16 @@ class Calibration:
     compressor_ms_per_mb: Mapping[str, float] = dataclasses.field(default_factory=dict)
     source: str = "none: the links alone"
     processes: int = 0
+    compressor_processes: int = 0
 
     @classmethod
     def from_results(cls, directory: str | Path, engine: str = "tf.distribute",
                      processes: int | None = None) -> Calibration:
         """Fits `engine`'s per-hop and per-byte cost to the collectives suite's whole all-reduces
         (`collectives.json`) between `processes` processes where it has them, else between the
-        fewest, and reads the compressors suite's work per MB (`compressors.json`), both from
-        `directory` (e.g. docs/benchmarks/data). A file that is missing leaves its part at 0."""
+        fewest, and reads the compressors suite's work per MB (`compressors.json`) measured in
+        as many processes at once where it has them, else in the fewest; both from `directory`
+        (e.g. docs/benchmarks/data). A file that is missing leaves its part at 0."""
         check_choice("engine", engine, ENGINES)
         directory = Path(directory)
         if not directory.is_dir():
@@ -205,17 +210,22 @@ class Calibration:
                 sources.append(f"{collectives.name} ({fitted} processes, "
                                f"{data.get('date', '?')}, {data.get('machine', '?')})")
         per_mb = {}
+        measured_in = 0
         compressors = directory / "compressors.json"
         if compressors.exists():
             data = json.loads(compressors.read_text())
-            names = {"fp16": "fp16", "powersgd": "powersgd", "topk": "topk"}
+            counts = {r.get("processes", 1) for r in data["rows"]}
+            measured_in = processes if processes is not None and processes in counts \
+                else min(counts)
             for row in data["rows"]:
                 name = (row.get("config") or {}).get("name")
-                if name in names and names[name] not in per_mb:
-                    per_mb[names[name]] = float(row["ms_per_mb"])
-            sources.append(f"{compressors.name} ({data.get('date', '?')})")
+                if name in COMPRESSOR_FAMILIES and name not in per_mb \
+                        and row.get("processes", 1) == measured_in:
+                    per_mb[name] = float(row["ms_per_mb"])
+            sources.append(f"{compressors.name} ({measured_in} "
+                           f"process{'es' if measured_in > 1 else ''}, {data.get('date', '?')})")
         return cls(hop_s, max(per_byte, 0.0), per_mb,
-                   ", ".join(sources) or f"none found in {directory}", fitted)
+                   ", ".join(sources) or f"none found in {directory}", fitted, measured_in)
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -50,6 +50,9 @@ ALGORITHMS = {
     "ef_topk": ("topk:0.01", "tf.distribute"),
     "powersgd": ("powersgd:2", "tf.distribute"),
     "local_sgd": ("local_sgd:8", "tf.distribute"),
+    "zero1": ("zero1", "tf.distribute"),
+    "zero2": ("zero2", "tf.distribute"),
+    "zero3": ("zero3", "tf.distribute"),
 }
 LIMIT = "limit"
 
@@ -67,11 +70,12 @@ def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:
 def shared_machine(calibration: Calibration | None, hosts: int,
                    cores: int | None) -> Calibration | None:
     """`calibration` for `hosts` emulated hosts sharing `cores` cores. Each CPU-bound cost grows
-    with the processes per core, `max(1, processes / cores)`: the engine's work per hop and per
-    byte from the process count its collectives were measured at (none where that was `hosts`),
-    the compressors' from their suite's one process. The collectives suite shows the effect:
-    one 22 MB all-reduce took 2.9x as long between 4 processes as between 2 on 2 cores, where
-    the ring's bytes per process grow 1.5x."""
+    with the processes per core, `max(1, processes / cores)`, from the process count it was
+    measured at (none where that was `hosts`): the engine's work per hop and per byte from its
+    collectives', the compressors' from theirs (one process unless `--suite compressors --hosts`
+    measured several at once). The collectives suite shows the effect: one 22 MB all-reduce
+    took 2.9x as long between 4 processes as between 2 on 2 cores, where the ring's bytes per
+    process grow 1.5x."""
     if calibration is None or not cores:
         return calibration
 
@@ -79,7 +83,7 @@ def shared_machine(calibration: Calibration | None, hosts: int,
         return max(1.0, processes / cores)
 
     engine = per_core(hosts) / per_core(calibration.processes or hosts)
-    compressor = per_core(hosts)
+    compressor = per_core(hosts) / per_core(calibration.compressor_processes or 1)
     if engine == compressor == 1:
         return calibration
     return dataclasses.replace(

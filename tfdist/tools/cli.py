@@ -56,9 +56,10 @@ SUITES = {
               "on the emulated cluster: step time, images or tokens per second, scaling "
               "efficiency against the zero-communication limit",
     "plan": "the planner (tfdist plan) against the emulated cluster: runs the comm suite (or "
-            "reads its comm.json, --results) and sets predicted step time and bytes beside the "
-            "measured ones, with the error; given a stragglers suite's stragglers.json, the "
-            "straggler simulation beside its runs",
+            "reads its comm.json or a models suite's models.json, --results) and sets "
+            "predicted step time and bytes beside the measured ones, with the error; given a "
+            "stragglers suite's stragglers.json, the straggler simulation beside its runs; "
+            "given a memory suite's memory.json, the planned memory per replica",
     "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",
@@ -125,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="collectives: all-reduce calls per tensor (default: 1,2,4,8)")
     bench.add_argument("--results", metavar="PATH",
                        help="plan: a comm suite's comm.json to compare with, instead of running "
-                            "the comm suite; or a stragglers suite's stragglers.json, to compare "
+                            "the comm suite (or a models suite's models.json); or a stragglers "
+                            "suite's stragglers.json, to compare "
                             "the straggler simulation with; or a memory suite's memory.json, to "
                             "compare the planned memory per replica with")
     bench.add_argument("--calibrate", metavar="DIR",

@@ -22,6 +22,9 @@ other algorithms are predicted: their mean step, their time to the target accura
 chief's clock at the step where the run's own accuracy curve reached it) and its ratio to the
 synchronous all-reduce's, and the mean staleness.
 
+Given a models suite's run (`--results models.json`, `tfdist bench --suite models`), each
+model is predicted as a comm run is, from its own shapes and its runs' zero-communication limit.
+
 Given a memory suite's run (`--results memory.json`, `tfdist bench --suite memory`), the
 planner's memory per replica for the dense exchange and ZeRO 1-3 is set beside the bytes each
 replica's optimizer held there (`compare_memory`).
@@ -95,14 +98,20 @@ def shared_machine(calibration: Calibration | None, hosts: int,
                f"x{engine:g}, the compressors' x{compressor:g}")
 
 
-def compare(results: dict[str, Any], shapes, calibrate: str | None) -> list[dict]:
+def compare(results: dict[str, Any], shapes, calibrate: str | None,
+            limits: dict[tuple[int, str], float] | None = None,
+            overrides: dict[str, list[str]] | None = None) -> list[dict]:
     """Predicted against measured, one row per run of a planned algorithm whose hosts and
-    link have a zero-communication limit in `results`; calibrated from the JSON in directory
-    `calibrate` (or not at all), at the run's number of processes where the collectives were
-    measured so, and for the hosts sharing the machine's cores (`shared_machine`)."""
-    limits = {(r["hosts"], r["bandwidth"]): mean_step_s(r) for r in results["rows"]
-              if r["algorithm"] == LIMIT}
-    warmup = _local_sgd(results["job"])[1]
+    link have a zero-communication limit (`limits`, seconds; default: the limit runs in
+    `results`); calibrated from the JSON in directory `calibrate` (or not at all), at the run's
+    number of processes where the collectives were measured so, and for the hosts sharing the
+    machine's cores (`shared_machine`). Local SGD's synchronous warm-up is read from its config,
+    the run's job and the algorithm's own `overrides` (default: configs/bench/comm.yaml's)."""
+    if limits is None:
+        limits = {(r["hosts"], r["bandwidth"]): mean_step_s(r) for r in results["rows"]
+                  if r["algorithm"] == LIMIT}
+    if overrides is None:
+        overrides = algorithm_overrides("comm.yaml")
     cores = cores_of(results.get("machine", ""))
     calibrations: dict[tuple[str, int], Calibration | None] = {}  # (engine, hosts) -> scaled
     rows = []
@@ -117,13 +126,16 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None) -> list[dict
                 Calibration.from_results(calibrate, engine, r["hosts"]) if calibrate else None,
                 r["hosts"], cores)
         calibration = calibrations[engine, r["hosts"]]
-        synchronous = min(warmup, r["steps"]) if spec.startswith("local_sgd") else 0
+        synchronous = 0
         estimate, dense = (predict(Workload(shapes, limits[where]), cluster, [name],
                                    calibration=calibration).estimates[0]
                            for name in (spec, "dense"))
-        # the run's timed steps (the first left out) and all its steps, as measured
-        step_s = _mixed(estimate.step_s, dense.step_s, synchronous - 1, r["steps"] - 1)
-        wire = _mixed(estimate.wire_bytes, dense.wire_bytes, synchronous, r["steps"])
+        step_s, wire = estimate.step_s, estimate.wire_bytes
+        if spec.startswith("local_sgd"):
+            warmup = _local_sgd(results["job"] + overrides.get(r["algorithm"], []))[1]
+            synchronous = min(warmup, r["steps"])
+            period = int(spec.split(":")[1])
+            step_s, wire = local_sgd_run(estimate, dense, period, synchronous, r["steps"])
         measured = mean_step_s(r)
         rows.append({"hosts": r["hosts"], "bandwidth": r["bandwidth"],
                      "algorithm": r["algorithm"], "label": r["label"],
@@ -139,20 +151,57 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None) -> list[dict
     return rows
 
 
-def _mixed(value: float, dense: float, synchronous: int, steps: int) -> float:
-    """The mean over `steps` steps of which the first `synchronous` cost `dense`, the rest
-    `value`."""
-    synchronous = max(0, min(synchronous, steps))
-    return (synchronous * dense + (steps - synchronous) * value) / max(steps, 1)
+def compare_models(data: dict[str, Any], calibrate: str | None) -> list[dict]:
+    """`compare` for a models suite's run (`tfdist bench --suite models`), model by model:
+    each model's shapes from its job, the compute step its runs' zero-communication limit
+    (`limit_step_ms`), the algorithms' overrides those of configs/bench/models.yaml."""
+    overrides = algorithm_overrides("models.yaml")
+    rows = []
+    for name, model in data["models"].items():
+        mine = [r for r in data["rows"] if r.get("model") == name]
+        limits = {(r["hosts"], r["bandwidth"]): r["limit_step_ms"] / 1e3 for r in mine
+                  if r.get("limit_step_ms")}
+        part = compare({**data, "rows": mine, "job": model["job"]}, job_shapes(model["job"]),
+                       calibrate, limits, overrides)
+        rows += [{"model": name, **r} for r in part]
+    return rows
+
+
+def algorithm_overrides(spec_name: str) -> dict[str, list[str]]:
+    """Each algorithm's own config overrides (`set`) in configs/bench/SPEC_NAME."""
+    from tfdist.tools.config import configs_dir, read_yaml_mapping
+
+    spec = read_yaml_mapping(configs_dir() / "bench" / spec_name, "benchmark spec")
+    return {key: list(algorithm.get("set") or [])
+            for key, algorithm in (spec.get("algorithms") or {}).items()}
+
+
+def local_sgd_run(estimate, dense, period: int, synchronous: int,
+                  steps: int) -> tuple[float, float]:
+    """(mean step over the timed steps, mean bytes per step over all) of a local SGD run of
+    `steps` steps as it ran: `synchronous` dense steps (`dense`), then local steps with one
+    averaging round after every H of them, (steps - synchronous) // H rounds in all; the first
+    step, which traces, is not timed. `estimate` is the planner's `local_sgd:H` (H = `period`),
+    whose exchange and bytes are one round's spread over H steps."""
+    rounds = (steps - synchronous) // period
+    timed_dense = max(synchronous - 1, 0)
+    timed_local = steps - 1 - timed_dense
+    step_s = (timed_dense * dense.step_s + timed_local * estimate.compute_s
+              + rounds * period * estimate.exchange_s) / max(steps - 1, 1)
+    wire = (synchronous * dense.wire_bytes + rounds * period * estimate.wire_bytes) / steps
+    return step_s, wire
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| hosts | link | algorithm | compute (ms) | predicted step (ms) | measured step "
-             "(ms) | error | predicted bytes/step | counted bytes/step | error |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    models = any("model" in r for r in rows)  # a models suite's run: one column more
+    lines = [("| model " if models else "") + "| hosts | link | algorithm | compute (ms) | "
+             "predicted step (ms) | measured step (ms) | error | predicted bytes/step | "
+             "counted bytes/step | error |",
+             ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         bytes_error = "" if r["bytes_error"] is None else f"{r['bytes_error']:+.1%}"
-        lines.append(f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | "
+        lines.append((f"| {r['model']} " if models else "") +
+                     f"| {r['hosts']} | {r['bandwidth']} | {r['label']} | "
                      f"{r['compute_ms']:,.0f} | {r['predicted_ms']:,.0f} | "
                      f"{r['measured_ms']:,.0f} | {r['step_error']:+.1%} | "
                      f"{r['predicted_bytes']:,.0f} | {r['counted_bytes']:,.0f} | {bytes_error} |")
@@ -368,7 +417,7 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
         results = str(out_dir / "comm" / "comm.json")
     if not Path(results).is_file():
         raise ValueError(f"--results {results!r} does not exist: give a comm.json, "
-                         "stragglers.json or memory.json written by `tfdist bench`")
+                         "models.json, stragglers.json or memory.json written by `tfdist bench`")
     data = json.loads(Path(results).read_text())
     if "straggler" in data:  # a stragglers suite's run: the simulation
         inputs = straggler_inputs(data)
@@ -383,7 +432,8 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
         head = (f"Memory planned by `tfdist.plan` for `{data['command']}` (measured "
                 f"{data['date']}, {data['machine']}).")
     else:
-        rows = compare(data, job_shapes(data["job"]), calibrate)
+        rows = (compare_models(data, calibrate) if "models" in data  # a models suite's run
+                else compare(data, job_shapes(data["job"]), calibrate))
         sources = dict.fromkeys(r["calibration"] for r in rows)
         head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
                 f"{data['machine']}); calibration: {'; '.join(sources) or 'none'}.")

@@ -249,8 +249,8 @@ def straggler_inputs(data: dict[str, Any]) -> dict[str, float]:
 
 
 def _local_sgd(job: list[str]) -> tuple[int, int]:
-    """The stragglers suite's local SGD job: its averaging period and synchronous warm-up (read
-    from its config and the job's overrides, without loading TensorFlow)."""
+    """A suite's local SGD job: its averaging period and synchronous warm-up (read from
+    configs/local_sgd.yaml and the job's overrides, without loading TensorFlow)."""
     from tfdist.tools.config import configs_dir, read_config
 
     averaging = read_config(configs_dir() / "local_sgd.yaml", job)["averaging"]

@@ -286,6 +286,30 @@ def test_the_bench_sets_the_prediction_beside_a_measured_models_run(tmp_path):
     assert "| model | hosts |" in (tmp_path / "plan.md").read_text()
 
 
+def test_the_bench_feeds_a_published_set_up_to_the_planner(tmp_path):
+    """`tfdist bench --suite plan --published`: Horovod's 512 GPUs over 25 Gbit/s, each model's
+    efficiency is the compute step over the ring's bytes at the link's rate added (after the
+    backward pass) or hidden behind 2/3 of the step but for the last 25 MiB bucket."""
+    import math
+
+    from tfdist.tools.cli import main
+
+    assert main(["bench", "--suite", "plan", "--published", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "plan.json").read_text())
+    assert "measured" not in result and result["command"].endswith("--published")
+    for r in result["rows"]:
+        compute = r["compute_ms"] / 1e3
+        ring = 2 * 511 / 512 * 4 * r["parameters"] * 8 / 25e9
+        buckets = math.ceil(4 * r["parameters"] / (25 * 2**20))
+        assert r["planned_dense"] == pytest.approx(compute / (compute + ring))
+        hidden = max(ring - 2 / 3 * compute, ring / buckets)
+        assert r["planned_dense_overlap"] == pytest.approx(compute / (compute + hidden))
+    assert [r["published"] for r in result["rows"]] == [0.90, 0.68]
+    assert "2 of 2 published figures between" in (tmp_path / "plan.md").read_text()
+    assert main(["bench", "--suite", "plan", "--published", "--results", "x.json",
+                 "--out", str(tmp_path)]) == 2
+
+
 def test_the_bench_sets_the_planned_memory_beside_the_memory_suite(tmp_path):
     """`tfdist bench --suite plan` on the memory suite's run kept in the docs: per replica
     count (1-8) and algorithm (dense, ZeRO 1-3), the bytes the optimizer held there, read from

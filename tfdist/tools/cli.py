@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "suite's stragglers.json, to compare "
                             "the straggler simulation with; or a memory suite's memory.json, to "
                             "compare the planned memory per replica with")
+    bench.add_argument("--published", action="store_true",
+                       help="plan: feed published set-ups (Horovod's 512 GPUs) to the planner "
+                            "and set its prediction beside the published figures")
     bench.add_argument("--calibrate", metavar="DIR",
                        help="plan: the collectives and compressors suites' JSON that calibrate "
                             "the planner (e.g. docs/benchmarks/data)")
@@ -414,7 +417,7 @@ def cmd_bench(args) -> int:
             from tfdist.tools.bench.plan import run_plan
 
             run_plan(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
-                     results=args.results, calibrate=args.calibrate)
+                     results=args.results, calibrate=args.calibrate, published=args.published)
         elif args.suite == "collectives":
             from tfdist.tools.bench.collectives import run_collectives
 

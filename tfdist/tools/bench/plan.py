@@ -336,6 +336,58 @@ def stragglers_summary(rows: list[dict]) -> str:
             f"25%; measured order {', '.join(order)}; simulated order {', '.join(simulated)}")
 
 
+# Published set-ups fed to the planner (`--published`): the paper's or page's own figures, and
+# the single-device step time a source of the same period gives for its hardware.
+HOROVOD_PAGE = ("Horovod's benchmark page (docs/benchmarks.rst, horovod/horovod): 128 servers "
+                "x 4 Pascal GPUs, RoCE-capable 25 Gbit/s, tf_cnn_benchmarks at 64 images per GPU")
+P100_PAGE = ("TensorFlow 1.x guide performance/benchmarks.md, DGX-1 (Tesla P100), synthetic "
+             "data, batch 64 per GPU, May 2017")
+PUBLISHED = (
+    # model, trainable parameters (keras.applications, 1,000 classes), images/s on one P100,
+    # the published scaling efficiency
+    ("Inception V3", 23_817_352, 142.0, 0.90),
+    ("VGG-16", 138_357_544, 154.0, 0.68),
+)
+PUBLISHED_ALGORITHMS = ("dense", "dense_overlap")
+
+
+def compare_published() -> list[dict]:
+    """The planner on Horovod's published 512-GPU set-up: the scaling efficiency (compute step
+    over step) it predicts with the exchange after the backward pass and overlapped with it,
+    beside the published one. The step of 64 images is a P100's (`P100_PAGE`): Horovod's page
+    names no GPU model, link latency or links inside a server (none is modelled)."""
+    rows = []
+    for model, parameters, images_per_s, published in PUBLISHED:
+        work = Workload.from_parameters(parameters, 64 / images_per_s, optimizer_slots=0)
+        cluster = Cluster(512, Link(25.0), workers_per_host=4, engine="horovod")
+        plan = predict(work, cluster, list(PUBLISHED_ALGORITHMS))
+        efficiency = {e.algorithm: work.compute_s / e.step_s for e in plan.estimates}
+        rows.append({"setup": HOROVOD_PAGE, "step_source": P100_PAGE, "model": model,
+                     "parameters": parameters, "workers": 512, "compute_ms": work.compute_s * 1e3,
+                     "published": published,
+                     **{f"planned_{a}": efficiency[a] for a in PUBLISHED_ALGORITHMS}})
+    return rows
+
+
+def published_table(rows: list[dict]) -> str:
+    lines = ["| model | parameters | workers | compute step (ms) | published efficiency | "
+             "planned, exchange after the backward pass | planned, overlapped with it |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = [f"{r[f'planned_{a}']:.1%} ({r[f'planned_{a}'] / r['published'] - 1:+.1%})"
+                 for a in PUBLISHED_ALGORITHMS]
+        lines.append(f"| {r['model']} | {r['parameters']:,} | {r['workers']} | "
+                     f"{r['compute_ms']:.1f} | {r['published']:.0%} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def published_summary(rows: list[dict]) -> str:
+    between = sum(r["planned_dense"] <= r["published"] <= r["planned_dense_overlap"]
+                  for r in rows)
+    return (f"{between} of {len(rows)} published figures between the planner's two bounds; "
+            f"set-up: {rows[0]['setup']}; step times: {rows[0]['step_source']}")
+
+
 # memory suite column -> the planned algorithm whose memory it measured
 MEMORY = {"baseline": ("dense", "dense exchange"), "zero1": ("zero1", "ZeRO-1"),
           "zero2": ("zero2", "ZeRO-2"), "zero3": ("zero3", "ZeRO-3")}
@@ -385,7 +437,9 @@ def memory_summary(rows: list[dict]) -> str:
 def page_table(result: dict[str, Any]) -> str:
     """The benchmark page's section of a plan result (what `run_plan` saved): the run it was
     set beside, then the table and its summary."""
-    rows, measured = result["rows"], result["measured"]
+    rows, measured = result["rows"], result.get("measured")
+    if measured is None:  # the published set-ups: nothing measured here
+        return "\n\n".join(_sections(rows))
     return "\n\n".join([f"Against `{measured['command']}`, measured on {measured['date']} on "
                           f"{measured['machine']}:", *_sections(rows)])
 
@@ -396,13 +450,22 @@ def _sections(rows: list[dict]) -> list[str]:
         return [stragglers_table(rows), stragglers_summary(rows)]
     if rows and "stage" in rows[0]:
         return [memory_table(rows), memory_summary(rows)]
+    if rows and "published" in rows[0]:
+        return [published_table(rows), published_summary(rows)]
     return [table(rows), summary(rows)]
 
 
 def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,
-             results: str | None = None, calibrate: str | None = None) -> list[dict]:
+             results: str | None = None, calibrate: str | None = None,
+             published: bool = False) -> list[dict]:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if published:
+        if results or calibrate:
+            raise ValueError("--published feeds the papers' own set-ups to the planner: it takes "
+                             "no --results or --calibrate")
+        return _write_plan(out_dir, "tfdist bench --suite plan --published", None,
+                           compare_published(), "The planner on published set-ups.")
     unknown = sorted(set(algorithms or ()) - set(ALGORITHMS))
     if unknown:
         raise ValueError(f"--algorithms: the planner predicts {', '.join(ALGORITHMS)}; "
@@ -437,13 +500,19 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
         sources = dict.fromkeys(r["calibration"] for r in rows)
         head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
                 f"{data['machine']}); calibration: {'; '.join(sources) or 'none'}.")
-    text = "\n\n".join([head, *_sections(rows)]) + "\n"
-    (out_dir / "plan.md").write_text(text)
     command = f"tfdist bench --suite plan --results {results}" + (
         f" --calibrate {calibrate}" if calibrate else "")
+    return _write_plan(out_dir, command, {k: data[k] for k in ("command", "date", "machine")},
+                       rows, head)
+
+
+def _write_plan(out_dir: Path, command: str, measured: dict | None, rows: list[dict],
+                head: str) -> list[dict]:
+    text = "\n\n".join([head, *_sections(rows)]) + "\n"
+    (out_dir / "plan.md").write_text(text)
+    extra = {"measured": measured} if measured else {}
     (out_dir / "plan.json").write_text(json.dumps(
-        {**stamp(command), "measured": {k: data[k] for k in ("command", "date", "machine")},
-         "rows": rows}, indent=2) + "\n")
+        {**stamp(command), **extra, "rows": rows}, indent=2) + "\n")
     print(text)
     print(f"bench: wrote {out_dir / 'plan.md'} and {out_dir / 'plan.json'}")
     return rows

@@ -200,9 +200,7 @@ class Calibration:
             data = json.loads(collectives.read_text())
             rows = [r for r in data["rows"] if r["transport"] == engine and r["splits"] == 1]
             if rows:
-                counts = {r["processes"] for r in rows}
-                fitted = processes if processes is not None and processes in counts \
-                    else min(counts)
+                fitted = _measured_at({r["processes"] for r in rows}, processes)
                 points = sorted((ring_bytes("all_reduce", r["size_mb"] * 1e6, fitted),
                                  r["median_ms"] / 1e3) for r in rows if r["processes"] == fitted)
                 per_call, per_byte = _line(points)
@@ -214,9 +212,8 @@ class Calibration:
         compressors = directory / "compressors.json"
         if compressors.exists():
             data = json.loads(compressors.read_text())
-            counts = {r.get("processes", 1) for r in data["rows"]}
-            measured_in = processes if processes is not None and processes in counts \
-                else min(counts)
+            measured_in = _measured_at({r.get("processes", 1) for r in data["rows"]},
+                                       processes)
             for row in data["rows"]:
                 name = (row.get("config") or {}).get("name")
                 if name in COMPRESSOR_FAMILIES and name not in per_mb \
@@ -226,6 +223,12 @@ class Calibration:
                            f"process{'es' if measured_in > 1 else ''}, {data.get('date', '?')})")
         return cls(hop_s, max(per_byte, 0.0), per_mb,
                    ", ".join(sources) or f"none found in {directory}", fitted, measured_in)
+
+
+def _measured_at(counts: set[int], wanted: int | None) -> int:
+    """The process count of a calibration's rows to read: `wanted` where measured, else the
+    fewest."""
+    return wanted if wanted is not None and wanted in counts else min(counts)
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -356,10 +356,10 @@ def compare_published() -> list[dict]:
     over step) it predicts with the exchange after the backward pass and overlapped with it,
     beside the published one. The step of 64 images is a P100's (`P100_PAGE`): Horovod's page
     names no GPU model, link latency or links inside a server (none is modelled)."""
+    cluster = Cluster(512, Link(25.0), workers_per_host=4, engine="horovod")
     rows = []
     for model, parameters, images_per_s, published in PUBLISHED:
         work = Workload.from_parameters(parameters, 64 / images_per_s, optimizer_slots=0)
-        cluster = Cluster(512, Link(25.0), workers_per_host=4, engine="horovod")
         plan = predict(work, cluster, list(PUBLISHED_ALGORITHMS))
         efficiency = {e.algorithm: work.compute_s / e.step_s for e in plan.estimates}
         rows.append({"setup": HOROVOD_PAGE, "step_source": P100_PAGE, "model": model,

@@ -185,10 +185,35 @@ def test_bad_plans_are_refused_by_name():
         Cluster(2, Link(1.0), engine="mpi")
     with pytest.raises(ValueError, match="shapes"):
         Workload(((3, 0),), 0.1)
+    with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', 'mixed'\)\. "
+                                         r"Received: precision='bf16'"):
+        Workload.from_parameters(1000, 0.01, precision="bf16")
     plan = predict(work, Cluster(6, Link(1.0)), ["dense", "pipeline:4x8", "powersgd:2"])
     assert [e.algorithm for e in plan.estimates] == ["dense"]
     assert "4 stages do not divide 6 workers" in plan.left_out["pipeline:4x8"]
     assert "parameter count" in plan.left_out["powersgd:2"]
+
+
+def test_mixed_precision_halves_the_bytes_sent_and_keeps_a_master_copy():
+    """`precision="mixed"`: float16 parameters and gradients, so every exchange sends half the
+    bytes of float32's, and a float32 master copy beside Adam's two slots (12 bytes of state
+    per parameter); ZeRO shards that state as it does float32's."""
+    shapes = ((64, 32), (32,), (32, 10), (10,))
+    full, mixed = (Workload(shapes, 0.01, precision=p) for p in ("float32", "mixed"))
+    specs = ["dense", "local_sgd:4", "zero1", "zero2", "zero3", "ps:1"]
+    cluster = Cluster(4, Link(1.0))
+    plans = [dict(zip(specs, predict(w, cluster, specs).estimates, strict=True))
+             for w in (full, mixed)]
+    for spec in specs:
+        assert plans[1][spec].wire_bytes == pytest.approx(plans[0][spec].wire_bytes / 2, rel=1e-3)
+    p, shard = full.parameters, -(-full.parameters // 4)
+    assert dict(plans[1]["dense"].memory) == {"parameters": 2 * p, "gradients": 2 * p,
+                                               "optimizer_state": 12 * p,
+                                               "algorithm_state": 0, "activations": 0}
+    zero2 = plans[1]["zero2"].memory
+    assert (zero2["parameters"], zero2["gradients"], zero2["optimizer_state"],
+            zero2["algorithm_state"]) == (2 * p, 2 * shard, 12 * shard, 0)
+    assert plans[0]["zero2"].memory["algorithm_state"] == 4 * shard  # float32's updated shard
 
 
 def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
@@ -297,15 +322,21 @@ def test_the_bench_feeds_a_published_set_up_to_the_planner(tmp_path):
     assert main(["bench", "--suite", "plan", "--published", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "plan.json").read_text())
     assert "measured" not in result and result["command"].endswith("--published")
-    for r in result["rows"]:
+    scaling = [r for r in result["rows"] if "published" in r]
+    for r in scaling:
         compute = r["compute_ms"] / 1e3
         ring = 2 * 511 / 512 * 4 * r["parameters"] * 8 / 25e9
         buckets = math.ceil(4 * r["parameters"] / (25 * 2**20))
         assert r["planned_dense"] == pytest.approx(compute / (compute + ring))
         hidden = max(ring - 2 / 3 * compute, ring / buckets)
         assert r["planned_dense_overlap"] == pytest.approx(compute / (compute + hidden))
-    assert [r["published"] for r in result["rows"]] == [0.90, 0.68]
+    assert [r["published"] for r in scaling] == [0.90, 0.68]
     assert "2 of 2 published figures between" in (tmp_path / "plan.md").read_text()
+    # the ZeRO paper's Figure 1, in GB per device as the paper gives it
+    memory = {r["stage"].split()[0]: r["planned_bytes"] / 1e9 for r in result["rows"]
+              if "published_bytes" in r}
+    assert memory == pytest.approx({"baseline": 120, "P_os": 31.4, "P_os+g": 16.6,
+                                    "P_os+g+p": 1.9}, rel=0.015)
     assert main(["bench", "--suite", "plan", "--published", "--results", "x.json",
                  "--out", str(tmp_path)]) == 2
 

@@ -55,7 +55,9 @@ from tfdist.plan.costs import (
 )
 
 ENGINES = ("tf.distribute", "horovod")
-FLOAT = 4  # bytes: parameters, gradients and optimizer state are float32
+FLOAT = 4  # bytes of a float32 (and of an int32 index)
+HALF = 2  # bytes of a float16
+PRECISIONS = ("float32", "mixed")
 COMPRESSOR_FAMILIES = ("fp16", "powersgd", "topk")  # the compressors the planner prices
 
 
@@ -259,6 +261,11 @@ class Workload:
         layers: Layers with weights (ZeRO-3 gathers per layer). Defaults to the number of
             tensors with 2 or more dimensions.
         name: How tables name it (default: its parameter count).
+        precision: `"float32"` (the default: parameters, gradients and optimizer state in
+            float32, as tfdist and Keras keep them, `mixed_float16` included) or `"mixed"`: the
+            ZeRO paper's and DeepSpeed's mixed precision, float16 parameters and gradients (the
+            exchanges send float16) with a float32 master copy of the parameters kept beside
+            the optimizer state (Adam: 12 bytes of state per parameter).
         shapes_known: False where `shapes` stands for a parameter count alone
             (`from_parameters`): every gradient is then taken as compressible, and PowerSGD
             (which needs the matrices) is left out.
@@ -280,6 +287,7 @@ class Workload:
     layers: int | None = None
     name: str = ""
     shapes_known: bool = True
+    precision: str = "float32"
 
     def __post_init__(self):
         shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
@@ -293,6 +301,7 @@ class Workload:
         check_int("activation_bytes", self.activation_bytes, 0)
         check_int("boundary_bytes", self.boundary_bytes, 0)
         check_number("backward_share", self.backward_share, 0, 1)
+        check_choice("precision", self.precision, PRECISIONS)
 
     @classmethod
     def from_parameters(cls, parameters: int, compute_s: float, **kwargs) -> Workload:
@@ -413,7 +422,8 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {"workload": {"name": self.workload.name, "parameters": self.workload.parameters,
                              "compute_s": self.workload.compute_s,
-                             "optimizer_slots": self.workload.optimizer_slots},
+                             "optimizer_slots": self.workload.optimizer_slots,
+                             "precision": self.workload.precision},
                 "cluster": dataclasses.asdict(self.cluster),
                 "calibration": dataclasses.asdict(self.calibration) | {
                     "compressor_ms_per_mb": dict(self.calibration.compressor_ms_per_mb)},
@@ -437,7 +447,9 @@ class _Pricer:
         self.w, self.c, self.cal = workload, cluster, calibration
         self.n = cluster.workers
         self.p = workload.parameters
-        self.grad_bytes = FLOAT * self.p
+        # bytes of one parameter or gradient, and of the float32 master copy mixed precision keeps
+        self.value, self.master = (FLOAT, 0) if workload.precision == "float32" else (HALF, FLOAT)
+        self.grad_bytes = self.value * self.p
 
     def collective(self, kind: str, payload: float, calls: float = 1.0,
                    workers: int | None = None) -> tuple[float, float]:
@@ -458,9 +470,13 @@ class _Pricer:
                 "optimizer_state": int(state), "algorithm_state": int(kept),
                 "activations": self.w.activation_bytes}
 
+    def state_bytes(self, elements: float) -> float:
+        """The optimizer state of `elements` parameters, the master copy included."""
+        return (FLOAT * self.w.optimizer_slots + self.master) * elements
+
     def dense_memory(self, kept: float = 0.0):
         b = self.grad_bytes
-        return self.memory(b, b, self.w.optimizer_slots * b, kept)
+        return self.memory(b, b, self.state_bytes(self.p), kept)
 
     def buckets(self, nbytes: float) -> int:
         return max(1, math.ceil(nbytes / DEFAULT_BUCKET_BYTES))
@@ -513,8 +529,8 @@ def _sum(pr: _Pricer, payloads: Sequence[float]) -> tuple[float, float, int]:
 
 def _fp16(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
     compressed, dense = _split(pr)
-    half = FLOAT // 2 * sum(math.prod(s) for s in compressed)
-    seconds, wire, calls = _sum(pr, [FLOAT * dense, half])
+    half = HALF * sum(math.prod(s) for s in compressed)
+    seconds, wire, calls = _sum(pr, [pr.value * dense, half])
     return pr.estimate(spec, "FP16 all-reduce", exchange=seconds, wire=wire, calls=calls,
                        compressor=pr.compressor("fp16"), factor=STEPS_FACTORS["fp16"])
 
@@ -532,10 +548,10 @@ def _powersgd(pr: _Pricer, spec: str, arg: str | None) -> Estimate | str:
         r = powersgd_rank(shape, rank, rate)
         p_elems, q_elems, kept = p_elems + rows * r, q_elems + cols * r, kept + rows * cols
     # one all-reduce of the dense rest, one of every P, one of every Q
-    seconds, wire, calls = _sum(pr, [FLOAT * dense, FLOAT * p_elems, FLOAT * q_elems])
+    seconds, wire, calls = _sum(pr, [pr.value * dense, pr.value * p_elems, pr.value * q_elems])
     return pr.estimate(spec, f"PowerSGD rank {rank}", exchange=seconds, wire=wire, calls=calls,
                        compressor=pr.compressor("powersgd"),
-                       memory=pr.dense_memory(FLOAT * (kept + q_elems)),  # residuals and Q
+                       memory=pr.dense_memory(pr.value * (kept + q_elems)),  # residuals and Q
                        factor=STEPS_FACTORS.get(f"powersgd:{rank}"))
 
 
@@ -545,11 +561,11 @@ def _topk(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
     kept = sum(num_kept(math.prod(s), ratio) for s in compressed)
     # the dense rest with one flag (a worker's non-finite input) in one all-reduce; the kept
     # values and their int32 indices in one all-gather
-    seconds, wire, calls = _sum(pr, [FLOAT * (dense + 1)])
-    s, b = pr.collective("all_gather", 2 * FLOAT * kept)
+    seconds, wire, calls = _sum(pr, [pr.value * (dense + 1)])
+    s, b = pr.collective("all_gather", (pr.value + FLOAT) * kept)
     return pr.estimate(spec, f"EF-TopK {ratio:g}", exchange=seconds + s, wire=wire + b,
                        calls=calls + 1, compressor=pr.compressor("topk"),
-                       memory=pr.dense_memory(FLOAT * sum(math.prod(s) for s in compressed)),
+                       memory=pr.dense_memory(pr.value * sum(math.prod(s) for s in compressed)),
                        factor=None)
 
 
@@ -565,24 +581,29 @@ def _local_sgd(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
 
 def _zero(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
     stage = int(spec[-1])
-    n, k = pr.n, pr.w.optimizer_slots
+    n = pr.n
     scatter = "reduce_scatter" if pr.c.engine == "horovod" else "all_reduce"
     if stage < 3:
         elements = -(-pr.p // n)
-        shard = FLOAT * elements
+        shard = pr.value * elements
         # the padded flat vector, each shard with its count of non-finite replicas
-        s1, b1 = pr.collective(scatter, FLOAT * n * (elements + 1))
+        s1, b1 = pr.collective(scatter, pr.value * n * (elements + 1))
         s2, b2 = pr.collective("all_gather", shard)
         gradients = pr.grad_bytes if stage == 1 else shard
+        # float32: the shard a worker updates is a copy; mixed: it is the master copy (state)
+        updated = 0 if pr.master else FLOAT * elements
         return pr.estimate(spec, f"ZeRO-{stage}", exchange=s1 + s2, wire=b1 + b2, calls=2,
-                           memory=pr.memory(pr.grad_bytes, gradients, k * shard, shard),
+                           memory=pr.memory(pr.grad_bytes, gradients, pr.state_bytes(elements),
+                                            updated),
                            factor=1.0)
-    shard = FLOAT * sum(-(-size // n) for size in pr.w.sizes)
+    elements = sum(-(-size // n) for size in pr.w.sizes)
+    shard = pr.value * elements
     layers = pr.w.weighted_layers
     s1, b1 = pr.collective("all_gather", 2 * shard, calls=2 * layers)  # forward, backward
     s2, b2 = pr.collective(scatter, pr.grad_bytes, calls=layers)
     return pr.estimate(spec, "ZeRO-3", exchange=s1 + s2, wire=b1 + b2, calls=3 * layers,
-                       memory=pr.memory(shard, shard, k * shard, FLOAT * max(pr.w.sizes)),
+                       memory=pr.memory(shard, shard, pr.state_bytes(elements),
+                                        pr.value * max(pr.w.sizes)),
                        factor=1.0, note="a layer's parameters are gathered before it runs")
 
 
@@ -604,11 +625,11 @@ def _pipeline(pr: _Pricer, spec: str, arg: str | None) -> Estimate | str:
     sends = 2 * boundary * pr.c.ring_link().seconds_per_byte if stages > 1 else 0.0
     bubble = pr.w.compute_s * (stages - 1) / micro
     note = "" if boundary else "activations between stages not counted: give boundary_bytes"
-    k = pr.w.optimizer_slots
     return pr.estimate(f"pipeline:{stages}x{micro}", f"pipeline {stages}x{micro}, {replicas} "
                        f"replicas", exchange=seconds + sends,
                        bubble=bubble, wire=wire + 2 * boundary, calls=calls,
-                       memory=pr.memory(stage_bytes, stage_bytes, k * stage_bytes), factor=1.0,
+                       memory=pr.memory(stage_bytes, stage_bytes, pr.state_bytes(pr.p / stages)),
+                       factor=1.0,
                        note=note)
 
 

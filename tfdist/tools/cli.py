@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help=COMMANDS["info"], description=COMMANDS["info"] + ".")
 
     from tfdist.plan import DEFAULT_ALGORITHMS, SPEC_HELP
-    from tfdist.plan.planner import ENGINES
+    from tfdist.plan.planner import ENGINES, PRECISIONS
 
     plan = sub.add_parser("plan", parents=[verbose], help=COMMANDS["plan"],
                           description=COMMANDS["plan"] + ". The model is the config's (or "
@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--optimizer-slots", type=int, metavar="K",
                       help="optimizer state per parameter (Adam 2, momentum 1, SGD 0; "
                            "default: counted on the config's optimizer, 2 with --parameters)")
+    plan.add_argument("--precision", choices=PRECISIONS, default="float32",
+                      help="float32 (tfdist's and Keras' variables, mixed_float16 included) or "
+                           "mixed: float16 parameters and gradients with a float32 master copy, "
+                           "as DeepSpeed and the ZeRO paper count them (default: %(default)s)")
     plan.add_argument("--workers", type=_list, default=["8", "64", "1024"], metavar="N,...",
                       help="worker counts (default: 8,64,1024)")
     plan.add_argument("--per-host", type=int, default=1, metavar="G",

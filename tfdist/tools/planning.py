@@ -116,7 +116,9 @@ def measure_compute(model, optimizer, batch: int, steps: int = 8) -> float:
 
 def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     """The workload `args` describe, and how its compute time was found."""
-    extra = {"optimizer_slots": args.optimizer_slots} if args.optimizer_slots is not None else {}
+    extra: dict[str, Any] = {"precision": args.precision}
+    if args.optimizer_slots is not None:
+        extra["optimizer_slots"] = args.optimizer_slots
     if args.parameters is not None:
         if args.compute_ms is None:
             raise ValueError("--parameters needs --compute-ms: there is no model to measure "
@@ -191,7 +193,9 @@ def report(results: list[Plan], how: str, out=sys.stdout, stragglers: Stragglers
     """The plans as text; with `stragglers`, each plan's `simulated` runs after it."""
     w = results[0].workload
     size = "" if "parameters" in w.name else f" ({w.parameters:,} parameters)"
-    print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter, compute "
+    mixed = ", mixed precision (float32 master copy)" if w.precision == "mixed" else ""
+    print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter{mixed}, "
+          f"compute "
           f"{w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
     print(f"calibration: {results[0].calibration.source}", file=out)
     for k, plan in enumerate(results):

@@ -349,6 +349,12 @@ PUBLISHED = (
     ("VGG-16", 138_357_544, 154.0, 0.68),
 )
 PUBLISHED_ALGORITHMS = ("dense", "dense_overlap")
+ZERO_PAPER = ("ZeRO (Rajbhandari et al., SC 2020, arXiv 1910.02054), Figure 1: the model "
+              "states per device of a 7.5B-parameter model at data-parallel degree 64, "
+              "mixed-precision Adam (K = 12)")
+ZERO_FIGURE = (  # the planned algorithm, the paper's name for it, its figure in bytes
+    ("dense", "baseline data parallelism", 120e9), ("zero1", "P_os (ZeRO-1)", 31.4e9),
+    ("zero2", "P_os+g (ZeRO-2)", 16.6e9), ("zero3", "P_os+g+p (ZeRO-3)", 1.9e9))
 
 
 def compare_published() -> list[dict]:
@@ -366,6 +372,26 @@ def compare_published() -> list[dict]:
                      "parameters": parameters, "workers": 512, "compute_ms": work.compute_s * 1e3,
                      "published": published,
                      **{f"planned_{a}": efficiency[a] for a in PUBLISHED_ALGORITHMS}})
+    return rows + compare_zero_paper()
+
+
+def compare_zero_paper() -> list[dict]:
+    """The planner's model states per device (parameters, gradients, optimizer state with the
+    master copy) for the ZeRO paper's Figure 1 (`ZERO_PAPER`), stage by stage. The paper counts
+    no buffers; ZeRO-3's gathered layer, which the planner adds as algorithm state, is left
+    out likewise."""
+    work = Workload.from_parameters(7_500_000_000, 0.0, optimizer_slots=2, precision="mixed")
+    plan = predict(work, Cluster(64, Link(25.0)), [spec for spec, _, _ in ZERO_FIGURE])
+    planned = {e.algorithm: e.memory for e in plan.estimates}
+    rows = []
+    for spec, label, published in ZERO_FIGURE:
+        memory = planned[spec]
+        states = memory["parameters"] + memory["gradients"] + memory["optimizer_state"]
+        if spec != "zero3":
+            states += memory["algorithm_state"]
+        rows.append({"setup": ZERO_PAPER, "model": "7.5B parameters", "workers": 64,
+                     "stage": label, "published_bytes": published, "planned_bytes": states,
+                     "memory_error": states / published - 1})
     return rows
 
 
@@ -383,6 +409,21 @@ def published_table(rows: list[dict]) -> str:
                      f"{r['compute_ms']:.1f}", f"{r['published']:.0%}",
                      *(planned(r, a) for a in PUBLISHED_ALGORITHMS), ""]).strip()
          for r in rows])
+
+
+def published_memory_table(rows: list[dict]) -> str:
+    """The paper's model states per device, stage by stage, and the planner's."""
+    return "\n".join(
+        ["| model | workers | stage | published (GB/device) | planned (GB/device) | error |",
+         "|---|---:|---|---:|---:|---:|"] +
+        [f"| {r['model']} | {r['workers']} | {r['stage']} | {r['published_bytes'] / 1e9:g} | "
+         f"{r['planned_bytes'] / 1e9:.2f} | {r['memory_error']:+.1%} |" for r in rows])
+
+
+def published_memory_summary(rows: list[dict]) -> str:
+    within = sum(abs(r["memory_error"]) <= 0.05 for r in rows)
+    return (f"{within} of {len(rows)} stages within 5% of the paper's figure; set-up: "
+            f"{rows[0]['setup']}")
 
 
 def published_summary(rows: list[dict]) -> str:
@@ -454,8 +495,11 @@ def _sections(rows: list[dict]) -> list[str]:
         return [stragglers_table(rows), stragglers_summary(rows)]
     if rows and "stage" in rows[0]:
         return [memory_table(rows), memory_summary(rows)]
-    if rows and "published" in rows[0]:
-        return [published_table(rows), published_summary(rows)]
+    if rows and "setup" in rows[0]:  # the published set-ups: efficiency, then memory
+        scaling = [r for r in rows if "published" in r]
+        memory = [r for r in rows if "published_bytes" in r]
+        return [published_table(scaling), published_summary(scaling)] + (
+            [published_memory_table(memory), published_memory_summary(memory)] if memory else [])
     return [table(rows), summary(rows)]
 
 

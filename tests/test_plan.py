@@ -216,6 +216,19 @@ def test_mixed_precision_halves_the_bytes_sent_and_keeps_a_master_copy():
     assert plans[0]["zero2"].memory["algorithm_state"] == 4 * shard  # float32's updated shard
 
 
+def test_the_command_plans_mixed_precision(tmp_path, capsys):
+    from tfdist.tools.cli import main
+
+    assert main(["plan", "--parameters", "1000000", "--compute-ms", "10", "--workers", "8",
+                 "--algorithms", "dense", "--precision", "mixed",
+                 "--json", str(tmp_path / "plan.json")]) == 0
+    assert "mixed precision (float32 master copy)" in capsys.readouterr().out
+    (plan,) = json.loads((tmp_path / "plan.json").read_text())["plans"]
+    assert plan["workload"]["precision"] == "mixed"
+    assert plan["estimates"][0]["memory_bytes"] == 16 * 1_000_000  # 2 + 2 + 12 bytes
+    assert plan["estimates"][0]["wire_bytes"] == 2 * 7 / 8 * 2 * 1_000_000  # float16 ring
+
+
 def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "tfdist.tools.cli", "plan",

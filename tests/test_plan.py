@@ -214,6 +214,11 @@ def test_mixed_precision_halves_the_bytes_sent_and_keeps_a_master_copy():
     assert (zero2["parameters"], zero2["gradients"], zero2["optimizer_state"],
             zero2["algorithm_state"]) == (2 * p, 2 * shard, 12 * shard, 0)
     assert plans[0]["zero2"].memory["algorithm_state"] == 4 * shard  # float32's updated shard
+    # a compressor's work goes with the elements it compresses, whatever their width
+    calibration = Calibration(compressor_ms_per_mb={"topk": 2.0})
+    topk = [predict(w, cluster, ["topk:0.01"], calibration=calibration).estimates[0]
+            for w in (full, mixed)]
+    assert topk[0].compressor_s == topk[1].compressor_s == pytest.approx(2e-3 * 4 * p / 1e6)
 
 
 def test_the_command_plans_mixed_precision(tmp_path, capsys):

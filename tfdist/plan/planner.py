@@ -463,7 +463,8 @@ class _Pricer:
         return seconds, wire
 
     def compressor(self, family: str) -> float:
-        return self.cal.compressor_ms_per_mb.get(family, 0.0) * self.grad_bytes / 1e6 / 1e3
+        # calibrated per MB of float32 gradient: a compressor's work goes with the elements
+        return self.cal.compressor_ms_per_mb.get(family, 0.0) * FLOAT * self.p / 1e6 / 1e3
 
     def memory(self, parameters: float, gradients: float, state: float, kept: float = 0.0):
         return {"parameters": int(parameters), "gradients": int(gradients),

@@ -630,8 +630,7 @@ def _pipeline(pr: _Pricer, spec: str, arg: str | None) -> Estimate | str:
                        f"replicas", exchange=seconds + sends,
                        bubble=bubble, wire=wire + 2 * boundary, calls=calls,
                        memory=pr.memory(stage_bytes, stage_bytes, pr.state_bytes(pr.p / stages)),
-                       factor=1.0,
-                       note=note)
+                       factor=1.0, note=note)
 
 
 def _ps(pr: _Pricer, spec: str, arg: str | None) -> Estimate:

@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "the straggler simulation with; or a memory suite's memory.json, to "
                             "compare the planned memory per replica with")
     bench.add_argument("--published", action="store_true",
-                       help="plan: feed published set-ups (Horovod's 512 GPUs) to the planner "
-                            "and set its prediction beside the published figures")
+                       help="plan: feed published set-ups (Horovod's 512 GPUs, the ZeRO paper's "
+                            "memory by stage) to the planner and set its prediction beside the "
+                            "published figures")
     bench.add_argument("--calibrate", metavar="DIR",
                        help="plan: the collectives and compressors suites' JSON that calibrate "
                             "the planner (e.g. docs/benchmarks/data)")

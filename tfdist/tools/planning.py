@@ -195,8 +195,7 @@ def report(results: list[Plan], how: str, out=sys.stdout, stragglers: Stragglers
     size = "" if "parameters" in w.name else f" ({w.parameters:,} parameters)"
     mixed = ", mixed precision (float32 master copy)" if w.precision == "mixed" else ""
     print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter{mixed}, "
-          f"compute "
-          f"{w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
+          f"compute {w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
     print(f"calibration: {results[0].calibration.source}", file=out)
     for k, plan in enumerate(results):
         c = plan.cluster

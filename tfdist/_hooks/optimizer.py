@@ -22,10 +22,10 @@ fails loudly if a TensorFlow or Keras upgrade moves it. Pinned: tensorflow 2.21.
   reroutes its inner optimizer's checkpoint methods; the pipeline places slots).
 * `place_on_variable_devices`: slots, updates and weight decay (`_apply_weight_decay`) on each
   variable's device, for pipeline stages on other devices and hosts.
-* `fuse_update_step`: Adam/AdamW and SGD update each variable in one TensorFlow kernel; reads
-  their slots (`Adam._momentums`, `Adam._velocities`, `SGD.momentums`) by `_get_variable_index`.
-  `compile_update_step`: any optimizer's own `update_step`, one XLA-compiled function per
-  variable.
+* `fuse_update_step`: SGD updates each variable in one TensorFlow kernel; reads its slots
+  (`SGD.momentums`) by `_get_variable_index`.
+  `compile_update_step`: any optimizer's own `update_step` of all a device's variables in one
+  XLA-compiled function, in place of `_distributed_tf_update_step`'s per-variable loop.
 """
 
 from __future__ import annotations
@@ -224,28 +224,27 @@ def place_on_variable_devices(optimizer) -> None:
 
 
 def _fusable(optimizer) -> str | None:
-    """Which fused kernel applies Keras' own update of `optimizer`, or None."""
-    numbers = (int, float)
+    """How `fuse_update` with True fuses `optimizer`'s update: "compile" (Adam and AdamW: their
+    own arithmetic compiled by XLA), "sgd" or "momentum" (SGD: its kernel), or None."""
     if type(optimizer) in (keras.optimizers.Adam, keras.optimizers.AdamW):
-        if optimizer.amsgrad or not all(isinstance(getattr(optimizer, name), numbers)
-                                        for name in ("beta_1", "beta_2", "epsilon")):
-            return None
-        return "adam"
-    if type(optimizer) is keras.optimizers.SGD and isinstance(optimizer.momentum, numbers):
+        return "compile"
+    if type(optimizer) is keras.optimizers.SGD and isinstance(optimizer.momentum, (int, float)):
         return "sgd" if optimizer.momentum == 0 else "momentum"
     return None
 
 
 def is_fused(optimizer) -> bool | str:
-    """Whether `fuse_update_step` fused `optimizer`'s update: True, "xla" when
-    `compile_update_step` compiled it, False otherwise."""
+    """How `optimizer`'s update was fused: True, by a kernel (`fuse_update_step`); "xla",
+    compiled (`compile_update_step`); False, not at all."""
     return getattr(optimizer, "_tfdist_fused", False)
 
 
 def fuse_update(optimizer, kind: bool | str) -> None:
-    """Fuses `optimizer`'s update as `kind` says: True, one kernel where one exists
-    (`fuse_update_step`); "xla", compiled (`compile_update_step`); False, Keras' own."""
-    if kind == "xla":
+    """Fuses `optimizer`'s update as `kind` says. True: Adam and AdamW compiled by XLA
+    (`compile_update_step`: Keras' arithmetic, to float32 rounding), SGD by its kernel
+    (`fuse_update_step`: Keras' to the bit), any other optimizer left as it is; "xla": any
+    optimizer compiled; False: Keras' own."""
+    if kind == "xla" or (kind and _fusable(optimizer) == "compile"):
         compile_update_step(optimizer)
     elif kind:
         fuse_update_step(optimizer)
@@ -257,51 +256,72 @@ def fuse_like(source, target) -> None:
 
 
 def compile_update_step(optimizer) -> bool:
-    """Makes `optimizer` (any Keras optimizer) run its own `update_step` of each variable as
-    one XLA-compiled function (`tf.function(jit_compile=True)`, built the first time the
-    variable is updated): Keras' arithmetic, which XLA fuses into one pass over the variable;
-    its results differ from Keras' only where XLA contracts a multiply and an add into one
-    rounding. Sparse gradients (`IndexedSlices`) keep Keras' update. Replaces `update_step` on
-    the instance, as `fuse_update_step` does."""
+    """Makes `optimizer` (any Keras optimizer) run its own `update_step` of all the variables
+    of a device in one XLA-compiled function (`tf.function(jit_compile=True)`, built the first
+    time those variables are updated): Keras' arithmetic, which XLA fuses into one pass over
+    each variable with no launch per op. Results differ from Keras' only where XLA contracts a
+    multiply and an add into one rounding. Sparse gradients (`IndexedSlices`) keep Keras'
+    update.
+
+    Replaces, on the instance, `_distributed_tf_update_step` (private: the TF backend's loop of
+    `distribution.extended.update` over the variables, keras/src/backend/tensorflow/
+    optimizer.py) with one `extended.update` whose function updates every variable of the
+    replica (a strategy's variable resolves to the replica's copy there). `update_step` is read
+    when a function is traced, so `place_on_variable_devices` may wrap it before or after."""
     if is_fused(optimizer):
         return True
-    keras_step = optimizer.update_step
-    compiled: dict[int, Any] = {}  # id(variable) -> its step, whose closure holds the variable
+    keras_loop = optimizer._distributed_tf_update_step
+    compiled: dict[tuple, Any] = {}  # (device, variable ids) -> the step closing over them
 
-    def compile_for(variable):
+    def compile_for(variables):
         @tf.function(jit_compile=True, autograph=False)
-        def step(gradient, learning_rate):
-            keras_step(gradient, variable, learning_rate)
+        def step(gradients, learning_rate):
+            for gradient, variable in zip(gradients, variables):
+                optimizer.update_step(gradient, variable, learning_rate)
         return step
 
-    def update_step(gradient, variable, learning_rate):
-        if isinstance(gradient, tf.IndexedSlices):
-            return keras_step(gradient, variable, learning_rate)
-        if id(variable) not in compiled:
-            compiled[id(variable)] = compile_for(variable)
-        compiled[id(variable)](tf.convert_to_tensor(gradient),
-                               tf.convert_to_tensor(learning_rate))
+    def update_on_devices(gradients, variables, learning_rate):
+        groups: dict[str, list[int]] = {}
+        for i, variable in enumerate(variables):
+            groups.setdefault(_device(variable), []).append(i)
+        for device, members in groups.items():
+            key = (device, *(id(variables[i]) for i in members))
+            if key not in compiled:
+                compiled[key] = compile_for([variables[i] for i in members])
+            with tf.device(device):
+                compiled[key]([tf.convert_to_tensor(gradients[i]) for i in members],
+                              tf.convert_to_tensor(learning_rate))
 
-    replace_method(optimizer, "update_step", update_step)
+    def distributed_update_step(distribution, grads_and_vars, learning_rate):
+        dense = [(g, v) for g, v in grads_and_vars if not isinstance(g, tf.IndexedSlices)]
+        sparse = [(g, v) for g, v in grads_and_vars if isinstance(g, tf.IndexedSlices)]
+        if sparse:
+            keras_loop(distribution, sparse, learning_rate)
+        if not dense:
+            return
+        gradients, variables = [g for g, _ in dense], [v for _, v in dense]
+        if not tf.distribute.has_strategy():  # one copy of each variable, wherever it is
+            return update_on_devices(gradients, variables, learning_rate)
+        distribution.extended.update(  # once per replica, with the replica's gradients
+            variables[0], lambda _, gradients: update_on_devices(
+                gradients, variables, learning_rate), args=(gradients,), group=False)
+
+    replace_method(optimizer, "_distributed_tf_update_step", distributed_update_step)
     replace_method(optimizer, "_tfdist_fused", "xla")
     return True
 
 
 def fuse_update_step(optimizer) -> bool:
-    """Makes `optimizer` (Adam or AdamW without amsgrad, or SGD) update each variable in one
-    TensorFlow kernel (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`,
-    `ResourceApplyGradientDescent`), the same arithmetic as Keras' `update_step` in one pass
-    over the variable instead of about ten ops. Sparse gradients (`IndexedSlices`) and any other
-    optimizer keep Keras' update. Returns whether the update was fused. Replaces `update_step`
-    on the instance (public: Keras' per-variable update), which `place_on_variable_devices`
-    may wrap afterwards."""
+    """Makes an `SGD` optimizer update each variable in one TensorFlow kernel
+    (`ResourceApplyKerasMomentum`, or `ResourceApplyGradientDescent` without momentum): Keras'
+    arithmetic to the bit, in one pass over the variable instead of a few ops. Sparse gradients
+    (`IndexedSlices`) and any other optimizer keep Keras' update. Returns whether the update was
+    fused. Replaces `update_step` on the instance (public: Keras' per-variable update), which
+    `place_on_variable_devices` may wrap afterwards."""
     kind = _fusable(optimizer)
-    if kind is None or is_fused(optimizer):
-        return kind is not None
+    if kind not in ("sgd", "momentum") or is_fused(optimizer):
+        return kind in ("sgd", "momentum")
     keras_step = optimizer.update_step
-
-    def slot(slots, variable):
-        return slots[variable_index(optimizer, variable)].handle
 
     def update_step(gradient, variable, learning_rate):
         if isinstance(gradient, tf.IndexedSlices):
@@ -309,20 +329,11 @@ def fuse_update_step(optimizer) -> bool:
         dtype = variable.dtype
         lr = tf.cast(learning_rate, dtype)
         gradient = tf.cast(gradient, dtype)
-        if kind == "adam":
-            local_step = tf.cast(optimizer.iterations + 1, dtype)
-            beta_1 = tf.constant(optimizer.beta_1, dtype)
-            beta_2 = tf.constant(optimizer.beta_2, dtype)
-            tf.raw_ops.ResourceApplyAdam(
-                var=variable.handle, m=slot(optimizer._momentums, variable),
-                v=slot(optimizer._velocities, variable),
-                beta1_power=tf.pow(beta_1, local_step), beta2_power=tf.pow(beta_2, local_step),
-                lr=lr, beta1=beta_1, beta2=beta_2,
-                epsilon=tf.constant(optimizer.epsilon, dtype), grad=gradient)
-        elif kind == "momentum":
+        if kind == "momentum":
+            accumulator = optimizer.momentums[variable_index(optimizer, variable)].handle
             tf.raw_ops.ResourceApplyKerasMomentum(
-                var=variable.handle, accum=slot(optimizer.momentums, variable), lr=lr,
-                grad=gradient, momentum=tf.constant(optimizer.momentum, dtype),
+                var=variable.handle, accum=accumulator, lr=lr, grad=gradient,
+                momentum=tf.constant(optimizer.momentum, dtype),
                 use_nesterov=bool(optimizer.nesterov))
         else:
             tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)

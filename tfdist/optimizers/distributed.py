@@ -154,17 +154,16 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             scaling such steps are skipped and the scale lowered.
         engine: A `tfdist.comm.Engine` or its name ("distribute", "horovod", "local"); None
             (the default) resolves it when the optimizer is built.
-        fused_update: True: the inner optimizer updates each variable in one TensorFlow
-            kernel (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`,
-            `ResourceApplyGradientDescent`) when it is an `Adam` or `AdamW` without amsgrad, or
-            an `SGD`: Keras' arithmetic in one pass over the variable instead of about ten ops
-            (measured: the overhead benchmark). SGD's result is Keras' to the bit; Adam's step
-            differs from Keras' by float32 rounding (about 1e-6: the kernel computes 1 - beta_1
-            in float32), which training then carries on as any rounding difference. Other
-            optimizers, and sparse gradients, keep Keras' update. "xla": any inner optimizer
-            runs its own update of each variable as one XLA-compiled function (Keras'
-            arithmetic fused by XLA; compiled the first time each variable is updated, which
-            adds to the start-up). False keeps Keras' update for all. Defaults to True.
+        fused_update: True: an `Adam` or `AdamW` inner optimizer runs its own update of all
+            a device's variables as one XLA-compiled function (Keras' arithmetic fused by XLA
+            into one pass over each variable, about ten ops otherwise; its weights differ from
+            Keras' only where XLA contracts a multiply and an add into one rounding), and an
+            `SGD` updates each variable in one TensorFlow kernel
+            (`ResourceApplyKerasMomentum`, `ResourceApplyGradientDescent`: Keras' arithmetic to
+            the bit). Measured: the overhead benchmark. Other optimizers, and sparse gradients,
+            keep Keras' update. "xla": any inner optimizer compiled as Adam is. The function
+            is compiled the first time the variables are updated, which adds to the start-up.
+            False keeps Keras' update for all. Defaults to True.
         name: Optional name.
 
     Example:

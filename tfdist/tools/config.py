@@ -183,9 +183,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                most=1.0),
         "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1, most=2**16),
         "nan_policy": _choice(("raise", "skip"), "raise"),
-        "fused_update": Field(True, (bool, str), "true (adam, adamw and sgd update each "
-                              "variable in one TensorFlow kernel), xla (any optimizer's own "
-                              "update of each variable, compiled by XLA) or false (Keras' own "
+        "fused_update": Field(True, (bool, str), "true (adam and adamw compiled by XLA, "
+                              "sgd in one TensorFlow kernel per variable), xla (any "
+                              "optimizer's own update, compiled by XLA) or false (Keras' own "
                               "update)", lambda v: isinstance(v, bool) or v == "xla",
                               choices=("xla",)),
         "loss_scale": _choice(("auto", "dynamic", None), "auto"),

@@ -145,9 +145,9 @@ class ZeroOptimizer(DistributedOptimizer):
             `tfdist.zero.Offload` naming the directory and host-memory budget.
         verify_model: Check that every replica builds the same model. Defaults to True.
         engine: As for `tfdist.DistributedOptimizer`; None resolves it when built.
-        fused_update: As for `tfdist.DistributedOptimizer`: each shard's update in one kernel
-            (Adam, AdamW, SGD) or, with "xla", compiled by XLA, offloaded or not. Defaults to
-            True.
+        fused_update: As for `tfdist.DistributedOptimizer`: the shards' update compiled by
+            XLA (Adam, AdamW; with "xla", any optimizer) or in one kernel per shard (SGD),
+            offloaded or not. Defaults to True.
         name: Optional name.
 
     Example:

@@ -595,6 +595,7 @@ def test_fusing_picks_xla_for_adam_a_kernel_for_sgd_and_keeps_keras_update_other
 
 
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(0.01),
+                                  lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
                                   lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
                                   lambda: keras.optimizers.Lamb(0.01)])
 def test_a_compiled_update_is_keras_own_arithmetic_in_one_xla_function_per_device(make):
@@ -615,14 +616,22 @@ def test_a_compiled_update_is_keras_own_arithmetic_in_one_xla_function_per_devic
         runs.append(values)
     for keras_value, compiled_value in zip(*runs, strict=True):
         np.testing.assert_allclose(compiled_value, keras_value, rtol=1e-6, atol=1e-7)
-    # sparse gradients keep Keras' own update, as fuse_update_step's do
-    table, rows = keras.Variable(np.ones((6, 2), "float32")), tf.IndexedSlices(
-        tf.ones([2, 2]), tf.constant([1, 4]), tf.constant([6, 2]))
-    opt = make()
-    _keras_hooks.compile_update_step(opt)
-    opt.build([table])
-    opt.apply([rows], [table])
-    assert (np.asarray(table) != 1).sum() == 4
+    # sparse gradients keep Keras' own update, as fuse_update_step's do, beside a dense one
+    # compiled in the same apply
+    rows = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 4]), tf.constant([6, 2]))
+    dense = tf.fill([3], 0.5)
+    after = []
+    for compiled in (False, True):
+        table, weights = keras.Variable(np.ones((6, 2), "float32")), keras.Variable(np.ones(3))
+        opt = make()
+        if compiled:
+            _keras_hooks.compile_update_step(opt)
+        opt.build([table, weights])
+        opt.apply([rows, dense], [table, weights])
+        after.append((np.asarray(table), np.asarray(weights)))
+    assert (after[1][0][[1, 4]] != 1).all() and (after[1][1] != 1).all()
+    np.testing.assert_array_equal(after[1][0], after[0][0])  # the table: Keras' to the bit
+    np.testing.assert_allclose(after[1][1], after[0][1], rtol=1e-6, atol=1e-7)
 
 
 KERAS_GALLERIES = """

@@ -162,8 +162,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             (`ResourceApplyKerasMomentum`, `ResourceApplyGradientDescent`: Keras' arithmetic to
             the bit). Measured: the overhead benchmark. Other optimizers, and sparse gradients,
             keep Keras' update. "xla": any inner optimizer compiled as Adam is. The function
-            is compiled the first time the variables are updated, which adds to the start-up.
-            False keeps Keras' update for all. Defaults to True.
+            is compiled at the first update. False keeps Keras' update for all. Defaults to
+            True.
         name: Optional name.
 
     Example:

@@ -74,9 +74,7 @@ def _model(optimizer_name: str, options: dict | None):
     keras.utils.set_random_seed(0)
     model = build_model("mlp", (INPUT_DIM,), CLASSES, HIDDEN)
     optimizer = _optimizer(optimizer_name)
-    if options == ALONE:
-        fuse_update(optimizer, True)
-    elif isinstance(options, dict):
+    if options is not None:
         optimizer = DistributedOptimizer(optimizer, **options)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     return model

@@ -112,12 +112,17 @@ def test_tf_config_workers_all_reduce_across_emulated_hosts():
             "s = tf.distribute.MultiWorkerMirroredStrategy()\n"
             "v = s.run(lambda: tf.distribute.get_replica_context().all_reduce('sum', "
             "tf.ones([1000])))\n"
-            "print('SUM', float(s.experimental_local_results(v)[0][0]))\n")
+            "print('SUM', float(s.experimental_local_results(v)[0][0]))\n"
+            "import os; print('THREADS', os.environ.get('TF_NUM_INTRAOP_THREADS'))\n")
+    env = worker_env()
+    env.pop("TF_NUM_INTRAOP_THREADS", None)
     with EmulatedCluster(2, "1gbit") as cluster:
-        results = cluster.run_workers([sys.executable, "-c", code], timeout=120,
-                                      env=worker_env())
+        results = cluster.run_workers([sys.executable, "-c", code], timeout=120, env=env)
     assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
     assert all("SUM 2.0" in r.output for r in results)
+    # the two hosts share this machine's cores, each with its half as TensorFlow's threads
+    half = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert all(f"THREADS {half}" in r.output for r in results)
 
 
 SPIN = "import time; t = time.process_time(); w = time.time()\n" \

@@ -15,6 +15,7 @@ from tfdist.tools.launch import (
     run_tf_workers,
     tf_config,
 )
+from tfdist.tools.slurm import task_threads
 
 
 def test_tf_config_describes_a_loopback_cluster():
@@ -102,23 +103,55 @@ exec bash -c "${@: -1}"
 """
 
 
-def test_remote_hosts_get_ssh_sessions_with_tf_config_and_the_working_directory(tmp_path,
-                                                                                 capfd):
+def test_remote_hosts_get_ssh_sessions_with_tf_config_and_the_working_directory(tmp_path, capfd,
+                                                                                 monkeypatch):
     ssh = tmp_path / "ssh"
     ssh.write_text(FAKE_SSH)
     ssh.chmod(0o755)
     (port,) = free_ports(1)
     code = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
-            "print('TASK', c['task']['index'], c['cluster']['worker'], os.getcwd())")
+            "print('TASK', c['task']['index'], c['cluster']['worker'], os.getcwd(), "
+            "os.environ.get('TF_NUM_INTRAOP_THREADS'))")
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.2 slots=2\n127.0.0.3\n")
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
     assert main(["--hostfile", str(hostfile), "--port", str(port), "--ssh", str(ssh),
                  "--timeout", "60", "--", sys.executable, "-c", code]) == 0
     out = capfd.readouterr().out
     workers = [f"127.0.0.2:{port}", f"127.0.0.2:{port + 1}", f"127.0.0.3:{port}"]
-    for rank, host in enumerate(["127.0.0.2", "127.0.0.2", "127.0.0.3"]):
+    # the two tasks of 127.0.0.2 share its cores (its `nproc`, evaluated there); one task alone
+    # keeps TensorFlow's default
+    half = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    for rank, (host, threads) in enumerate([("127.0.0.2", half), ("127.0.0.2", half),
+                                            ("127.0.0.3", None)]):
         assert f"[worker {rank}] ssh to {host}" in out
-        assert f"[worker {rank}] TASK {rank} {workers} {os.getcwd()}" in out
+        assert f"[worker {rank}] TASK {rank} {workers} {os.getcwd()} {threads}" in out
+
+
+def test_workers_on_one_machine_share_its_cores_unless_told_otherwise(monkeypatch):
+    """Each TensorFlow process sizes its thread pool to every core it may use: N local workers
+    get TF_NUM_INTRAOP_THREADS = cores / N (at least 1); a value already set is kept; SLURM's
+    --cpus-per-task is used as given."""
+    from tfdist.tools import launch
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    argv = [sys.executable, "-c", "pass"]
+    try:
+        two = launch.host_commands(argv, [("127.0.0.1", 2)])
+        assert [env["TF_NUM_INTRAOP_THREADS"] for _, env in two] == [str(max(1, cores // 2))] * 2
+        many = launch.host_commands(argv, [("127.0.0.1", 3 * cores)])
+        assert {env["TF_NUM_INTRAOP_THREADS"] for _, env in many} == {"1"}
+        (one,) = launch.host_commands(argv, [("127.0.0.1", 1)])
+        assert "TF_NUM_INTRAOP_THREADS" not in one[1]
+        kept = launch.host_commands(argv, [("127.0.0.1", 2)],
+                                    env={**os.environ, "TF_NUM_INTRAOP_THREADS": "7"})
+        assert [env["TF_NUM_INTRAOP_THREADS"] for _, env in kept] == ["7", "7"]
+    finally:
+        launch.release_ports()
+    assert task_threads({"SLURM_CPUS_PER_TASK": "4"}) == {"TF_NUM_INTRAOP_THREADS": "4"}
+    assert task_threads({"SLURM_CPUS_PER_TASK": "4", "TF_NUM_INTRAOP_THREADS": "2"}) == {}
+    assert task_threads({}) == {}
 
 
 def test_horovodrun_helpers_build_gloo_hostfile_and_elastic_commands(tmp_path, capsys):

@@ -136,6 +136,10 @@ class EmulatedCluster:
         cpu_share: The straggler's quota in cores, in (0, this machine's cores].
         shared: Existing directories every host sees, read-write (the job's shared storage);
             nothing else is shared between hosts.
+
+    The hosts share this machine's cores: the workers `run_workers` and `run_horovod_workers`
+    start get each host's share as TensorFlow's intra-op threads (`share_cores`), as on a host
+    of that many cores.
     """
 
     def __init__(self, hosts: int, bandwidth: str = "1gbit", delay: str | None = None,
@@ -290,9 +294,9 @@ class EmulatedCluster:
         """`argv` (or `argv(host)`) as one TF_CONFIG worker per host, and `ps` parameter servers
         on host 0 (after the workers in the results); stops all if one fails
         (tfdist.tools.launch.run_processes)."""
-        from tfdist.tools.launch import run_processes, with_secret
+        from tfdist.tools.launch import run_processes, share_cores, with_secret
 
-        base = with_secret(dict(os.environ if env is None else env))
+        base = share_cores(with_secret(dict(os.environ if env is None else env)), self.hosts)
         commands = [(self.command(i, argv(i) if callable(argv) else argv),
                      {**base, "TF_CONFIG": self.tf_config(i, ps)}) for i in range(self.hosts)]
         commands += [(self.command(0, argv(0) if callable(argv) else argv),
@@ -306,7 +310,7 @@ class EmulatedCluster:
         """`argv` as one Horovod (Gloo) rank per host: what `horovodrun --gloo` does, without
         its ssh: Horovod's rendezvous server runs on host 0, each rank gets its HOROVOD_*
         variables and talks over its emulated link (eth0)."""
-        from tfdist.tools.launch import run_processes
+        from tfdist.tools.launch import run_processes, share_cores
 
         server = subprocess.Popen(
             self.command(0, [sys.executable, "-c", _RENDEZVOUS,
@@ -318,7 +322,7 @@ class EmulatedCluster:
             if not port.isdigit():
                 raise RuntimeError("Horovod's rendezvous server did not start on host 0 "
                                    "(is Horovod installed? launch/build_horovod.sh)")
-            base = dict(os.environ if env is None else env)
+            base = share_cores(dict(os.environ if env is None else env), self.hosts)
             base.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=self.addresses[0],
                         HOROVOD_GLOO_RENDEZVOUS_PORT=port, HOROVOD_CONTROLLER="gloo",
                         HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="eth0")

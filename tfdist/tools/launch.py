@@ -103,6 +103,28 @@ class CommandNotFound(OSError):
     pass
 
 
+THREADS_ENV = "TF_NUM_INTRAOP_THREADS"  # read by TensorFlow when its runtime starts
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a SLURM allocation's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def share_cores(env: dict[str, str], processes: int, cores: int | None = None) -> dict[str, str]:
+    """`env` for one of `processes` TensorFlow processes sharing one machine's `cores`: with
+    TF_NUM_INTRAOP_THREADS set to their share (at least 1), unless `env` already sets it.
+
+    Each TensorFlow process otherwise sizes its intra-op thread pool to every core it may run
+    on, so N processes on one machine run N times as many compute threads as there are cores."""
+    if processes <= 1 or THREADS_ENV in env:
+        return env
+    return {**env, THREADS_ENV: str(max(1, (cores or usable_cores()) // processes))}
+
+
 _HELD: list[socket.socket] = []  # the ports `held_ports` chose, until `release_ports`
 
 
@@ -618,10 +640,12 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
     (only TF_CONFIG and the TF_/TFDIST_/PYTHON variables set here travel with them). The first
     `ps` tasks are parameter servers. Every task gets the job's secret (`with_secret`): local
     ones in their environment, remote ones as a file (`remote_secret_file`), never on the
-    command line."""
+    command line. Tasks sharing a host share its cores (`share_cores`; on a remote host, its
+    `nproc` over its slots) unless TF_NUM_INTRAOP_THREADS is set."""
     base = with_secret(dict(os.environ if env is None else env))
     all_local = all(is_local(h) for h, _ in hosts)
     total = sum(slots for _, slots in hosts)
+    local = share_cores(base, sum(slots for h, slots in hosts if is_local(h)))
     ports = held_ports(total) if all_local else None  # released when run_processes ends
     addresses: list[str] = []
     for host, slots in hosts:
@@ -634,7 +658,7 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
         for _ in range(slots):
             config = cluster_config(rank, addresses, ps)
             if is_local(host):
-                commands.append((argv, {**base, "TF_CONFIG": config}))
+                commands.append((argv, {**local, "TF_CONFIG": config}))
             else:
                 passed = {k: v for k, v in base.items()
                           if k.startswith(("TF_", "TFDIST_", "PYTHON"))
@@ -644,6 +668,9 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
                     passed[SECRET_FILE_ENV] = remote_secret_file(base[SECRET_ENV])
                 exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in
                                    sorted({**passed, "TF_CONFIG": config}.items()))
+                if slots > 1 and THREADS_ENV not in passed:  # that host's cores, shared
+                    exports += (f" {THREADS_ENV}=$(( $(nproc) / {slots} > 1 ? "
+                                f"$(nproc) / {slots} : 1 ))")
                 remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
                           f"{' '.join(shlex.quote(a) for a in argv)}")
                 commands.append(([*shlex.split(ssh), host, remote], {**base, NOTICES_ENV: "stdin"}))
@@ -735,8 +762,9 @@ def run_horovod(argv: list[str], num_ranks: int, timeout: float,
     if num_ranks < 1:
         raise ValueError(f"`num_ranks` must be >= 1. Received: num_ranks={num_ranks}")
     cmd = horovodrun_command(argv, num_ranks, network_interface="lo")
-    (result,) = run_processes([(cmd, dict(os.environ if env is None else env))], timeout,
-                              echo=echo)
+    (result,) = run_processes(
+        [(cmd, share_cores(dict(os.environ if env is None else env), num_ranks))], timeout,
+        echo=echo)
     return result
 
 
@@ -793,9 +821,9 @@ def _horovod_slurm_task(rank: int, addresses: list[str], command: list[str],
     """`--slurm --horovod`: this task as a Horovod rank (Gloo), no horovodrun. Task 0 serves the
     rendezvous and runs the command as its child, passing SIGTERM/SIGUSR1/SIGINT on; the others
     become the command."""
-    from tfdist.tools.slurm import horovod_environment, serve_rendezvous
+    from tfdist.tools.slurm import horovod_environment, serve_rendezvous, task_threads
 
-    env = {**os.environ, **horovod_environment(rank, addresses)}
+    env = {**os.environ, **task_threads(os.environ), **horovod_environment(rank, addresses)}
     env.pop("TF_CONFIG", None)
     if requeue:
         env["TFDIST_REQUEUE"] = "1"
@@ -822,7 +850,7 @@ def _horovod_slurm_task(rank: int, addresses: list[str], command: list[str],
 def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]) -> int:
     """`--slurm`: this task's TF_CONFIG from SLURM's environment, then the command in its
     place (`tfdist.tools.slurm`)."""
-    from tfdist.tools.slurm import slurm_cluster
+    from tfdist.tools.slurm import slurm_cluster, task_threads
 
     if args.elastic or args.workers or args.hosts or args.hostfile:
         parser.error("--slurm takes its workers from SLURM (srun -N/-n): drop --workers, "
@@ -838,7 +866,7 @@ def _become_slurm_task(parser: argparse.ArgumentParser, args, command: list[str]
     if args.horovod:
         return _horovod_slurm_task(rank, addresses, command, args.requeue)
     config = cluster_config(rank, addresses, args.ps)
-    env = {**os.environ, "TF_CONFIG": config}
+    env = {**os.environ, **task_threads(os.environ), "TF_CONFIG": config}
     if args.requeue:
         env["TFDIST_REQUEUE"] = "1"
     if args.ps and not (env.get(SECRET_ENV) or env.get(SECRET_FILE_ENV)):
@@ -892,7 +920,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[launch] {shlex.join(cmd)}", file=sys.stderr, flush=True)
             if args.dry_run:
                 return 0
-            commands = [(cmd, dict(os.environ))]
+            local = hosts is None and args.host_discovery_script is None  # all ranks here
+            commands = [(cmd, share_cores(dict(os.environ), args.np) if local else
+                         dict(os.environ))]
         elif args.elastic:
             if args.hosts:
                 raise ValueError("--elastic takes --workers N (local workers) or --hostfile "

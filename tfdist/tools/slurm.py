@@ -14,6 +14,9 @@ the TF_CONFIG of this task and replaces itself with the command, so the task *is
   two steps of one job, or a requeued job and its previous run, on the same nodes rarely meet;
   pass `--port` where a site reserves ports.
 * `ps`: the first P tasks are parameter servers, the others workers.
+* Threads: with `--cpus-per-task N` (SLURM_CPUS_PER_TASK), TensorFlow's intra-op threads are N
+  (`task_threads`), unless TF_NUM_INTRAOP_THREADS is set; without it TensorFlow sizes its pool
+  to the cores the task may run on (every core of the node when SLURM does not bind tasks).
 """
 
 from __future__ import annotations
@@ -99,6 +102,15 @@ def slurm_cluster(environ: Mapping[str, str] | None = None, ps: int = 0,
                          f"layout puts it on {placed[rank][0]} as {placed[rank][1]}: run srun "
                          "with --distribution=block (SLURM's default)")
     return rank, addresses
+
+
+def task_threads(environ: Mapping[str, str]) -> dict[str, str]:
+    """{TF_NUM_INTRAOP_THREADS: SLURM_CPUS_PER_TASK} for a task given its cores by SLURM, or {}
+    (none given, or TF_NUM_INTRAOP_THREADS already set)."""
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    if "TF_NUM_INTRAOP_THREADS" in environ or not cpus.isdigit() or int(cpus) < 1:
+        return {}
+    return {"TF_NUM_INTRAOP_THREADS": cpus}
 
 
 def horovod_slots(addresses: list[str]) -> list[dict[str, int | str]]:

@@ -112,3 +112,15 @@ def test_keras_exchange_formula_gathers_embedding_rows_and_reduces_the_rest():
     assert keras_exchange(model, 3, 1) == (0.0, 0)
     mlp = build_model("mlp", (8,), 10, (16,))
     assert keras_exchange(mlp, 3, 2) == (4.0 * mlp.count_params(), 1)
+
+
+def test_a_result_names_the_thread_setting_it_ran_with(monkeypatch):
+    """A page's command must reproduce its run: TF_NUM_INTRAOP_THREADS, when set here (the
+    emulated hosts' default share otherwise), heads the command as a shell would set it."""
+    from tfdist.tools.bench.machine import stamp
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    assert stamp("tfdist bench --suite models")["command"] == "tfdist bench --suite models"
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")
+    assert stamp("tfdist bench --suite models")["command"] == \
+        "TF_NUM_INTRAOP_THREADS=2 tfdist bench --suite models"

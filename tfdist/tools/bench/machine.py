@@ -23,9 +23,15 @@ def machine() -> str:
             f"{platform.system()}, no GPU, TensorFlow {metadata.version('tensorflow')}")
 
 
+SETTINGS = ("TF_NUM_INTRAOP_THREADS",)  # variables of this environment that change the times
+
+
 def stamp(command: str) -> dict[str, str]:
-    """The head of a suite's JSON: the command that ran it, today's date and this machine."""
-    return {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine()}
+    """The head of a suite's JSON: the command that ran it (after the `SETTINGS` set in this
+    environment, as a shell sets them), today's date and this machine."""
+    settings = "".join(f"{k}={os.environ[k]} " for k in SETTINGS if k in os.environ)
+    return {"command": settings + command, "date": time.strftime("%Y-%m-%d"),
+            "machine": machine()}
 
 
 def cores_of(machine_text: str) -> int | None:

@@ -1,6 +1,7 @@
 """The Horovod engine: callbacks under horovodrun, and import without Horovod."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -78,7 +79,8 @@ thvd.init(process_sets=[alone])
 if thvd.rank() == 0:  # still busy, in a collective of its own, when rank 1 has finished
     time.sleep(3)
     print("SUM", float(horovod.allreduce(tf.ones([]), op=horovod.Sum, process_set=alone)))
-print("EXIT", thvd.rank(), flush=True)
+import os
+print("EXIT", thvd.rank(), "THREADS", os.environ.get("TF_NUM_INTRAOP_THREADS"), flush=True)
 """
 
 
@@ -88,9 +90,14 @@ print("EXIT", thvd.rank(), flush=True)
 def test_a_rank_that_finishes_first_waits_for_the_others_before_horovod_shuts_down(tmp_path):
     """Horovod shuts down for every rank when one exits: a rank that finished first ended the
     collectives still running on the others (a host's last averaging round within its process
-    set). tfdist's ranks wait for each other at exit."""
+    set). tfdist's ranks wait for each other at exit. (The same run checks that the 2 local
+    ranks each get half of this machine's cores as TensorFlow's threads.)"""
     script = tmp_path / "finishes_first.py"
     script.write_text(FINISHES_FIRST)
-    result = run_horovod([sys.executable, str(script)], 2, 120, env=worker_env())
+    env = worker_env()
+    env.pop("TF_NUM_INTRAOP_THREADS", None)
+    result = run_horovod([sys.executable, str(script)], 2, 120, env=env)
     assert result.returncode == 0, result.output[-3000:]
-    assert "SUM 1.0" in result.output and "EXIT 1" in result.output
+    assert "SUM 1.0" in result.output
+    half = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"EXIT 1 THREADS {half}" in result.output and f"EXIT 0 THREADS {half}" in result.output

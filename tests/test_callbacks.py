@@ -1,6 +1,9 @@
+import time
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
 from tests.workers import common
@@ -248,3 +251,43 @@ def test_a_step_timeline_shows_each_bucket_of_the_exchange(mirrored):
     assert t["communication_ms"] <= t["span_ms"] and len(timer.times) == 4
     with pytest.raises(ValueError, match="step"):
         StepTimeline(step=0)
+
+
+def test_a_step_timeline_keeps_an_event_that_closes_after_the_step(tmp_path):
+    """An asynchronous kernel's trace event may close after its step returned (TensorFlow's
+    collectives record theirs when the signalling thread returns): an event opened during the
+    profiled step and closed 10 ms after it (on another thread, as the collective's is) is in the
+    timeline, as communication."""
+    import threading
+
+    from tfdist.callbacks import StepTimeline
+
+    class LateEvent(keras.callbacks.Callback):
+        def __init__(self, step):
+            super().__init__()
+            self.step, self.seen, self.done = step, 0, threading.Event()
+            self.thread = threading.Thread(target=self._event)
+
+        def _event(self):
+            with tf.profiler.experimental.Trace("late_reduce:CollectiveReduceV2"):
+                self.done.wait(30)
+                time.sleep(0.01)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == self.step:
+                self.thread.start()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.seen == self.step:
+                self.done.set()
+
+    x, y = common.load_digits()
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    timeline, late = StepTimeline(step=2, path=str(tmp_path)), LateEvent(step=2)
+    model.fit(x[:256], y[:256], batch_size=64, epochs=1, verbose=0, callbacks=[timeline, late])
+    late.thread.join(30)
+    assert [c["node"] for c in timeline.result["collectives"]] == ["late_reduce"]
+    assert timeline.result["busy_ms"]["communication"] > 0

@@ -22,6 +22,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import keras
@@ -32,6 +33,13 @@ from tfdist.arguments import check_int
 from tfdist.callbacks.start import skipping
 
 KINDS = ("forward", "backward", "update", "communication", "other")
+# How long the profiler keeps recording after the step returned. An asynchronous kernel's trace
+# event can close after the step is done: TensorFlow's collectives record theirs when the thread
+# that signalled the collective's end returns, and the executor's `ProcessAsync::Done` event
+# (Horovod's ops) closes after the op's consumers were scheduled; on a loaded machine that
+# thread may not run again for milliseconds, and an event still open when the profiler stops is
+# lost.
+GRACE_SECONDS = 0.1
 COMPUTE = ("forward", "backward", "update")
 FILE = "timeline.json"
 
@@ -122,8 +130,10 @@ def timeline_of(events, model_scope: str, optimizer_scopes: tuple[str, ...]) -> 
 class StepTimeline(keras.callbacks.Callback):
     """Profiles training step `step` (1 = the first, counted over epochs) and keeps its
     timeline in `result` (see `timeline_of`), also written to `path`/timeline.json when `path`
-    is given. The profiler starts before the step and stops before the next one, so a
-    `StepTimer` placed after this callback does not time the profiler's own start and stop.
+    is given. The profiler starts before the step and stops before the next one (`GRACE_SECONDS`
+    after the step returned, so that the events of asynchronous kernels that close late are
+    in), so a `StepTimer` placed after this callback does not time the profiler's own start and
+    stop.
     Pick a step after the first (which traces) and after any warm-up.
 
     Example:
@@ -168,6 +178,7 @@ class StepTimeline(keras.callbacks.Callback):
             return
         logdir, self._logdir = self._logdir, None
         try:
+            time.sleep(GRACE_SECONDS)  # untimed by a StepTimer placed after this callback
             tf.profiler.experimental.stop()
             events = op_events(logdir)
         finally:

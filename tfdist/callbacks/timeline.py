@@ -33,6 +33,8 @@ from tfdist.arguments import check_int
 from tfdist.callbacks.start import skipping
 
 KINDS = ("forward", "backward", "update", "communication", "other")
+COMPUTE = ("forward", "backward", "update")
+FILE = "timeline.json"
 # How long the profiler keeps recording after the step returned. An asynchronous kernel's trace
 # event can close after the step is done: TensorFlow's collectives record theirs when the thread
 # that signalled the collective's end returns, and the executor's `ProcessAsync::Done` event
@@ -40,8 +42,6 @@ KINDS = ("forward", "backward", "update", "communication", "other")
 # thread may not run again for milliseconds, and an event still open when the profiler stops is
 # lost.
 GRACE_SECONDS = 0.1
-COMPUTE = ("forward", "backward", "update")
-FILE = "timeline.json"
 
 
 def classify(node: str, op_type: str, model_scope: str, optimizer_scopes: tuple[str, ...]) -> str:

@@ -839,7 +839,13 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     try:
         report = _serve_until_done(model, config, cluster, scale, every)
     except _Notice:
-        raise SystemExit(_preempted_ps()) from None
+        # Ends the process at once: TensorFlow's RPC server still runs its threads, and the
+        # interpreter's shutdown around them can abort it ("terminate called without an active
+        # exception", SIGABRT instead of the notice's exit code). Nothing is left to write: a
+        # checkpoint being written counts only once it is renamed whole.
+        code = _preempted_ps()
+        sys.stderr.flush()
+        os._exit(code)
     if every:  # the last task out removes train.output_dir/backup
         with contextlib.suppress(OSError):
             (Path(config["train"]["output_dir"]) / BACKUP).rmdir()

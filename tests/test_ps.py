@@ -276,6 +276,27 @@ def test_a_checkpoint_of_another_job_is_refused_and_servers_must_agree(tmp_path)
     assert checkpoint.common_step(str(tmp_path / "none"), 2) is None
 
 
+def test_synchronous_servers_resume_where_every_worker_also_has_its_own_checkpoint(tmp_path):
+    """A server writes its checkpoint of a step while the workers still finish it: a worker
+    stopped in between has none there, and the job resumes from the step before, which every
+    server and every worker keeping checkpoints completed (else the servers' newest)."""
+    from tfdist.ps import checkpoint
+
+    def steps(name, *numbers):
+        for n in numbers:
+            checkpoint.save(str(tmp_path), name, n, {}, {})
+
+    steps(0, 30, 35)
+    steps(1, 30, 35)
+    steps("worker-0", 30, 35)
+    steps("worker-1", 25, 30)  # stopped before it wrote its checkpoint of step 35
+    assert checkpoint.common_step(str(tmp_path), 2) == 35  # the servers alone
+    assert checkpoint.common_step(str(tmp_path), 2, workers=2) == 30
+    assert checkpoint.common_step(str(tmp_path), 2, workers=3) == 30  # worker-2 keeps none
+    checkpoint.remove(str(tmp_path), "worker-1")
+    steps("worker-1", 10, 15)  # none in common with the servers'
+    assert checkpoint.common_step(str(tmp_path), 2, workers=2) == 35
+
 def test_a_checkpoint_that_cannot_be_written_stops_the_server_with_the_reason(small_filesystem):
     server = _adam_server(small_filesystem, every=1, size=4000)  # 16 KB weights + 2 moments
     with pytest.raises(OSError, match=r"could not write its checkpoint of update \d+ .*Its last "

@@ -3,9 +3,9 @@
 Every `every` updates a server writes `directory/ps-<i>/step-<version>.npz` (under a temporary
 name, synced, then renamed, so a server killed while writing leaves its previous checkpoint);
 it keeps the newest `KEEP`. A job started again on the same directory resumes from the newest
-step that every server completed (`common_step`); each worker then resumes at the step the
-servers hold for it (its clock), so synchronous training goes on to the weights of a run never
-stopped. The directory must be one the ps tasks share (one host, or a network file system).
+step that every server completed, and in synchronous training every worker too (`common_step`);
+each worker then resumes at the step the servers hold for it (its clock), so synchronous
+training goes on to the weights of a run never stopped. The directory must be one the ps tasks share (one host, or a network file system).
 
 What lives on the workers and not on the servers, the model's non-trainable variables (batch
 normalization's moving statistics: the chief's end up in the saved model), is checkpointed by
@@ -42,8 +42,12 @@ def complete_steps(directory: str, index: int | str) -> list[int]:
                   and name[len(PREFIX):-len(SUFFIX)].isdigit())
 
 
-def common_step(directory: str, num_servers: int) -> int | None:
+def common_step(directory: str, num_servers: int, workers: int = 0) -> int | None:
     """The newest step every one of `num_servers` servers completed; None when none has any.
+    With `workers` (synchronous training, where a worker's steps are the servers' updates),
+    the newest of those that each of the workers keeping their own checkpoints
+    (`WorkerCheckpoint`) also completed: a server writes its checkpoint of a step while the
+    workers still finish it, and a worker stopped in between has none there.
 
     Raises:
         ValueError: the servers hold checkpoints but none in common (another job's, or a
@@ -52,7 +56,9 @@ def common_step(directory: str, num_servers: int) -> int | None:
     held = {i: complete_steps(directory, i) for i in range(num_servers)}
     common = set(held[0]).intersection(*map(set, held.values()))
     if common:
-        return max(common)
+        own = [set(steps) for steps in (complete_steps(directory, f"worker-{w}")
+                                        for w in range(workers)) if steps]
+        return max(common.intersection(*own) or common)
     if any(held.values()):
         raise ValueError(
             f"The parameter servers hold no checkpoint in common under {directory!r} (steps "

@@ -582,7 +582,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
                              min_compress_size=min_compress_size, compress_1d=compress_1d,
                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if checkpoint_dir is not None:
-        step = checkpoint.common_step(str(checkpoint_dir), len(cluster.ps))
+        step = checkpoint.common_step(str(checkpoint_dir), len(cluster.ps),
+                                      cluster.num_workers if staleness == 0 else 0)
         if step is not None:
             server.restore(step)
     # The address TF_CONFIG gives this task, and no other: not every interface of the host.

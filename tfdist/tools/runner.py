@@ -653,7 +653,6 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         # Joins the servers now: a worker started again, or a job resumed from the servers'
         # checkpoints, goes on at the step the servers hold for this worker.
         _on_notice(config, raising=False)
-        callbacks.append(_StopOnNotice())
         start = optimizer.join(model.trainable_variables)
         directory = _ps_checkpoints(config)
         own = (WorkerCheckpoint(directory, config["train"]["checkpoint_steps"], job.rank)
@@ -661,6 +660,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         if own is not None:
             own.set_model(model)
             callbacks.append(own)
+        callbacks.append(_StopOnNotice())  # after `own`: the step in flight is checkpointed
         if start:
             callbacks.append(StartAt(start, steps))
             restored = own is not None and own.restore(start)

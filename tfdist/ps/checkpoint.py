@@ -5,7 +5,8 @@ name, synced, then renamed, so a server killed while writing leaves its previous
 it keeps the newest `KEEP`. A job started again on the same directory resumes from the newest
 step that every server completed, and in synchronous training every worker too (`common_step`);
 each worker then resumes at the step the servers hold for it (its clock), so synchronous
-training goes on to the weights of a run never stopped. The directory must be one the ps tasks share (one host, or a network file system).
+training goes on to the weights of a run never stopped. The directory must be one the ps tasks
+share (one host, or a network file system).
 
 What lives on the workers and not on the servers, the model's non-trainable variables (batch
 normalization's moving statistics: the chief's end up in the saved model), is checkpointed by

@@ -552,10 +552,7 @@ def _ssh(words: list[str]) -> int:
     return 255  # not reached
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["ssh"]:  # ssh's options are not ours: no argparse
-        return _ssh(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tfdist.emulated",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -572,7 +569,14 @@ def main(argv: list[str] | None = None) -> int:
                          "COMMAND` runs COMMAND with sh on the emulated host whose address is "
                          "HOST (python -m tfdist.launch --ssh 'python -m tfdist.emulated ssh')")
     ssh.add_argument("words", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ssh"]:  # ssh's options are not ours: no argparse
+        return _ssh(argv[1:])
+    args = _parser().parse_args(argv)
     if args.command == "_watch":
         _watch(args.names)
         return 0

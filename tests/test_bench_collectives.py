@@ -49,6 +49,7 @@ def test_a_wrong_sum_is_reported_not_timed():
     ({"splits": ["0"]}, "splits: got '0'"),
     ({"sizes_mb": ["0.000012"], "splits": ["2"]}, "does not split into 2 equal parts"),
     ({"repeats": -1}, "--repeats must be >= 1"),
+    ({"repeats": 0}, "--repeats must be >= 1. Received: 0"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

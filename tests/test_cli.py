@@ -461,6 +461,17 @@ def test_bench_compressors_in_processes_at_once():
         run_suite("memory", processes=["2"])
 
 
+@pytest.mark.parametrize("steps, repeats", [(0, 2), (4, 0), (-1, 2)])
+def test_bench_refuses_steps_or_repeats_below_one(steps, repeats, tmp_path):
+    """0 is refused, not read as "the default" (`tfdist bench --suite overhead --steps 0` ran
+    30 steps 7 times)."""
+    from tfdist.tools.bench.suites import run_suite
+
+    with pytest.raises(ValueError, match=f"must be >= 1. Received: {steps}, {repeats}"):
+        run_suite("overhead", steps=steps, repeats=repeats, out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_overhead_reaches_keras_weights(tmp_path, monkeypatch):
     """The overhead suite (a small MLP here, to be quick): one row per optimizer, each trained
     the same steps on the same batches; in a world of one the dense wrapper and local SGD's

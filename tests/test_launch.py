@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import sys
 import time
 
@@ -81,6 +82,22 @@ def test_one_failure_stops_the_others_and_sets_the_exit_code(capsys):
 def test_bad_worker_count():
     with pytest.raises(ValueError, match="num_workers"):
         run_tf_workers(["true"], 0, timeout=1)
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--workers", "2", "--timeout", "-5"], "--timeout must be > 0 seconds. Received: -5.0"),
+    (["--workers", "2", "--timeout", "0"], "--timeout must be > 0 seconds. Received: 0.0"),
+    (["--workers", "2", "--port", "99999"], r"--port must be a TCP port, in \[1, 65535\]"),
+    (["--hosts", "node1:4", "--port", "65534"],
+     "--port 65534: a host's tasks take ports 65534 to 65537, past 65535"),
+])
+def test_a_bad_timeout_or_port_is_named_before_anything_starts(options, error, capsys, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([*options, "--", "touch", "started"])
+    assert stop.value.code == 2 and not os.path.exists("started")
+    assert re.search(error, capsys.readouterr().err)
 
 
 def test_hosts_and_hostfiles_are_read_like_horovodrun_reads_them(tmp_path):

@@ -892,6 +892,10 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the worker command after --")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds. Received: {args.timeout}")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        parser.error(f"--port must be a TCP port, in [1, 65535]. Received: {args.port}")
     if args.slurm:
         return _become_slurm_task(parser, args, command)
     if args.requeue:
@@ -899,6 +903,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hosts = (parse_hosts(args.hosts) if args.hosts else
                  read_hostfile(args.hostfile) if args.hostfile else None)
+        port = args.port or DEFAULT_PORT
+        if hosts and not args.horovod and port + max(n for _, n in hosts) - 1 > 65535:
+            raise ValueError(f"--port {port}: a host's tasks take ports {port} to "
+                             f"{port + max(n for _, n in hosts) - 1}, past 65535; give a "
+                             "lower --port")
         if args.ps and (args.horovod or args.elastic):
             raise ValueError("--ps starts TF_CONFIG parameter servers; it does not combine with "
                              "--horovod or --elastic")
@@ -930,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return run_elastic(command, args.workers, args.min_workers, args.max_restarts,
                                    args.timeout, max_workers=args.max_workers,
-                                   hostfile=args.hostfile, port=args.port or DEFAULT_PORT, ssh=args.ssh)
+                                   hostfile=args.hostfile, port=port, ssh=args.ssh)
             except CommandNotFound as e:
                 print(f"[launch] {e.strerror}", file=sys.stderr)
                 return 127
@@ -944,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
             env = with_secret(dict(os.environ))
             commands = host_commands(
                 command, hosts or [("127.0.0.1", args.workers + args.ps)],
-                args.port or DEFAULT_PORT, args.ssh,
+                port, args.ssh,
                 env=env, ps=args.ps)
             if hosts and env.get(SECRET_ENV):
                 send_secret([h for h, _ in hosts], env[SECRET_ENV], args.ssh)

@@ -196,7 +196,7 @@ def run_collectives(quick: bool, out: str, processes=None, sizes_mb=None, splits
                 raise ValueError(f"collectives: {size:g} MB ({_elements(size)} float32) does not "
                                  f"split into {k} equal parts; pick sizes and --splits that "
                                  "divide, e.g. --sizes 1,22 --splits 1,4")
-    repeats = repeats or (QUICK_REPEATS if quick else REPEATS)
+    repeats = (QUICK_REPEATS if quick else REPEATS) if repeats is None else repeats
     if repeats < 1:
         raise ValueError(f"collectives: --repeats must be >= 1. Received: {repeats}")
     out_dir = Path(out)

@@ -436,8 +436,8 @@ def run_suite(suite: str, quick: bool = False, steps: int | None = None,
     numbers of processes measured at once (`compressors.shared_rows`)."""
     if suite not in SUITES:
         raise ValueError(f"Unknown suite {suite!r}; available: {', '.join(SUITES)}.")
-    steps = steps or (10 if quick else 30)
-    repeats = repeats or (3 if quick else 7)
+    steps = (10 if quick else 30) if steps is None else steps
+    repeats = (3 if quick else 7) if repeats is None else repeats
     if steps < 1 or repeats < 1:
         raise ValueError(f"--steps and --repeats must be >= 1. Received: {steps}, {repeats}")
     out_dir = Path(out)

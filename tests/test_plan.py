@@ -480,3 +480,20 @@ def test_the_simulated_stragglers_bench_keeps_the_measured_order(tmp_path):
         [r["measured_staleness_max"] for r in servers] and len(servers) == 4
     assert all(abs(r["predicted_staleness"] - r["measured_staleness"]) <= 0.05 for r in servers)
     assert stragglers_table(rows) in Path(ROOT, "docs/guides/planning.md").read_text()
+
+
+def test_the_report_goes_to_stdout_as_it_is_when_called():
+    """`report` reads `sys.stdout` when called, not when its module was imported: a
+    redirection made later (here, and pytest's `capsys` in the test above) gets the text."""
+    import contextlib
+    import io
+
+    from tfdist.tools import cli, planning
+
+    args = cli.build_parser().parse_args(["plan", "--parameters", "1000", "--compute-ms", "10",
+                                          "--workers", "8", "--algorithms", "dense"])
+    results, how = planning.plans(args, None)
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        planning.report(results, how)
+    assert text.getvalue().startswith("model: 1,000 parameters")
+    assert "| dense all-reduce **(recommended)** |" in text.getvalue()

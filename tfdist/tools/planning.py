@@ -188,9 +188,12 @@ def plans(args, config: dict[str, Any] | None) -> tuple[list[Plan], str]:
             for n in args.workers], how
 
 
-def report(results: list[Plan], how: str, out=sys.stdout, stragglers: Stragglers | None = None,
+def report(results: list[Plan], how: str, out=None, stragglers: Stragglers | None = None,
            simulated: list[list[Simulation]] | None = None) -> None:
-    """The plans as text; with `stragglers`, each plan's `simulated` runs after it."""
+    """The plans as text, to `out` (default: `sys.stdout` as it is at the call, so a redirection
+    made after the import is followed); with `stragglers`, each plan's `simulated` runs after
+    it."""
+    out = sys.stdout if out is None else out
     w = results[0].workload
     size = "" if "parameters" in w.name else f" ({w.parameters:,} parameters)"
     mixed = ", mixed precision (float32 master copy)" if w.precision == "mixed" else ""

@@ -772,3 +772,23 @@ def test_a_process_other_than_the_chief_leaves_no_file_behind(tmp_path, monkeypa
     chief = RunFiles(tmp_path / "run", chief=True)
     chief.start({})
     assert chief.save_model(model).exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--suite", "overhead", "--out", "{file}/out"],
+    ["plan", "--parameters", "1000", "--compute-ms", "300", "--workers", "8", "--json",
+     "{file}/plan.json"],
+])
+def test_an_output_path_that_cannot_be_written_is_named_before_the_run(tmp_path, capsys,
+                                                                       command):
+    """Said before the suite runs or the plan is printed, not in a traceback after it."""
+    from tfdist.tools.cli import main
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    argv = [word.format(file=file) for word in command]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err == (f"tfdist {argv[0]}: {argv[-2]} {argv[-1]}: {file} is not a "
+                            "directory; give a directory you can write\n")

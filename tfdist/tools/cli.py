@@ -233,6 +233,18 @@ def _config_path(given: str | None) -> str | None:
     return given if given is not None or not os.path.isfile(default) else default
 
 
+def _writable(directory: str, option: str) -> None:
+    """Raises ValueError, naming `option` (e.g. "--out runs/bench"), unless `directory`, where a
+    command writes its results, is or can be made a directory this process may write: said
+    before the run, not after it."""
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        what = "not a directory" if not os.path.isdir(existing) else "not writable"
+        raise ValueError(f"{option}: {existing} is {what}; give a directory you can write")
+
+
 def cmd_train(args) -> int:
     from tfdist.tools.config import ConfigError, load_config
 
@@ -400,6 +412,7 @@ def cmd_bench(args) -> int:
     from tfdist.tools.config import ConfigError
 
     try:
+        _writable(args.out, f"--out {args.out}")
         if args.suite == "comm":
             from tfdist.tools.bench.comm import run_comm
 
@@ -447,6 +460,8 @@ def cmd_plan(args) -> int:
     arithmetic = args.parameters is not None and args.compute_ms is not None
     try:
         planning.check(args)
+        if args.json:
+            _writable(os.path.dirname(args.json) or ".", f"--json {args.json}")
         with contextlib.nullcontext() if arithmetic else loading(args.verbose):
             if args.parameters is None and not args.model_file:
                 config = load_config(_config_path(args.config), args.set)  # the schema first

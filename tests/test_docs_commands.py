@@ -29,9 +29,9 @@ from tests.conftest import ROOT
 from tfdist.tools import cli, emulated, launch
 from tfdist.tools.config import ConfigError, load_config
 
+HELP = Path(ROOT) / "docs" / "reference" / "cli.md"
 PAGES = [Path(ROOT) / "README.md", Path(ROOT) / "BUILD.md"] + sorted(
-    p for p in (Path(ROOT) / "docs").rglob("*.md") if p.name != "cli.md"
-    or p.parent.name != "reference")
+    p for p in (Path(ROOT) / "docs").rglob("*.md") if p != HELP)
 START = re.compile(r"(?:[\w./-]*/)?tfdist (?=(?:train|bench|info|plan)\b)"
                    r"|python -m tfdist\.(?:launch|emulated|tools\.cli)\b")
 FENCE = re.compile(r"^```[\w-]*\n(.*?)^```", flags=re.S | re.M)
@@ -46,15 +46,14 @@ def _spans(text: str):
     """(line, text, inline) of every code line and inline code span of a page."""
     for m in FENCE.finditer(text):
         first = text[:m.start()].count("\n") + 2
-        lines = m.group(1).split("\n")
-        for i, line in enumerate(lines):
-            if lines[i - 1].endswith("\\") if i else False:
-                continue
-            j = i
-            while line.endswith("\\") and j + 1 < len(lines):
-                j += 1
-                line = line[:-1] + " " + lines[j]
-            yield first + i, line, False
+        lines, i = m.group(1).split("\n"), 0
+        while i < len(lines):
+            start, line = i, lines[i]
+            while line.endswith("\\") and i + 1 < len(lines):  # a continued line
+                i += 1
+                line = line[:-1] + " " + lines[i]
+            yield first + start, line, False
+            i += 1
     prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for m in re.finditer(r"`([^`]+)`", prose):
         yield prose[:m.start()].count("\n") + 1, m.group(1).replace("\n", " "), True
@@ -79,6 +78,14 @@ def _words(command: str) -> list[str] | None:
     return words
 
 
+def _tfdist_argv(words: list[str]) -> list[str] | None:
+    """The arguments of a `tfdist` command (`.venv/bin/tfdist`, `python -m tfdist.tools.cli`
+    included); None for another command."""
+    if words[0].rsplit("/", 1)[-1] == "tfdist":
+        return words[1:]
+    return words[3:] if words[:3] == ["python", "-m", "tfdist.tools.cli"] else None
+
+
 def commands() -> list[tuple[str, list[str], bool]]:
     found = []
     for page in PAGES:
@@ -87,10 +94,10 @@ def commands() -> list[tuple[str, list[str], bool]]:
             words = _words(span[m.start():]) if m else None
             if words is None:
                 continue
-            words[0] = words[0].rsplit("/", 1)[-1]  # .venv/bin/tfdist is tfdist
-            if words[:3] == ["python", "-m", "tfdist.tools.cli"]:
-                words[:3] = ["tfdist"]
-            if (words[1] not in cli.COMMANDS if words[0] == "tfdist" else len(words) == 3):
+            argv = _tfdist_argv(words)
+            if argv is not None:
+                words = ["tfdist", *argv]
+            if (words[1] not in cli.COMMANDS if argv is not None else len(words) == 3):
                 continue  # an error quoted (`tfdist train: ...`), a tool named in a sentence
             found.append((f"{page.relative_to(ROOT)}:{line}", words, inline))
     return found
@@ -148,9 +155,9 @@ def check(words: list[str]) -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         return  # the launcher named in a sentence (`python -m tfdist.launch --elastic`)
-    name = command[0].rsplit("/", 1)[-1]
-    if name == "tfdist" or command[:3] == ["python", "-m", "tfdist.tools.cli"]:
-        check_tfdist(command[1 if name == "tfdist" else 3:])
+    argv = _tfdist_argv(command)
+    if argv is not None:
+        check_tfdist(argv)
 
 
 def test_the_docs_show_commands_of_every_kind():

@@ -904,10 +904,10 @@ def main(argv: list[str] | None = None) -> int:
         hosts = (parse_hosts(args.hosts) if args.hosts else
                  read_hostfile(args.hostfile) if args.hostfile else None)
         port = args.port or DEFAULT_PORT
-        if hosts and not args.horovod and port + max(n for _, n in hosts) - 1 > 65535:
-            raise ValueError(f"--port {port}: a host's tasks take ports {port} to "
-                             f"{port + max(n for _, n in hosts) - 1}, past 65535; give a "
-                             "lower --port")
+        last = port + max(n for _, n in hosts) - 1 if hosts else port
+        if last > 65535 and not args.horovod:
+            raise ValueError(f"--port {port}: a host's tasks take ports {port} to {last}, past "
+                             "65535; give a lower --port")
         if args.ps and (args.horovod or args.elastic):
             raise ValueError("--ps starts TF_CONFIG parameter servers; it does not combine with "
                              "--horovod or --elastic")

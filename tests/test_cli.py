@@ -1,6 +1,7 @@
 """End to end: the `tfdist` command in fresh processes, as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -60,6 +61,9 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
     assert up["fit_before_first_step"] >= 0
     parts = sum(v for k, v in up.items() if k != "total")
     assert up["total"] == pytest.approx(parts, abs=0.005)
+    # The machine's cores busy during the timed steps: training kept some busy, no more than all.
+    load = summary["machine_load"]
+    assert load["cores"] == os.cpu_count() and 0 < load["busy_cores"] <= load["cores"] + 0.05
     scalars = _scalars(run)
     assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
     assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [

@@ -73,6 +73,7 @@ from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
 from tfdist.tools.config import ConfigError, make_offload, make_parts, metrics_of
+from tfdist.tools.cpu_load import MachineLoad
 from tfdist.tools.engines import ENGINES, JobEngine, make_compressor
 from tfdist.tools.models import MODELS, build_model
 from tfdist.zero import ShardedModel, ZeroOptimizer
@@ -677,8 +678,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         callbacks += fed
     if timeline is not None:  # before the timer: the profiler's start and stop are not timed
         callbacks.append(timeline)
-    timer, counter = StepTimer(), BatchCounter()
-    callbacks += [timer, counter]
+    timer, counter, load = StepTimer(), BatchCounter(), MachineLoad()
+    callbacks += [timer, load, counter]
     counted = job.kind.counts_bytes
     if job.kind.tfdist_optimizer:  # not the baseline; asynchronous engines count their pushes
         callbacks.append(CommunicationStats())
@@ -769,6 +770,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
+        # The machine's cores busy during those steps (all processes; None without /proc).
+        "machine_load": load.summary(),
         # train.profile_step's timeline (timeline.json holds its ops' intervals), or None.
         "timeline": _timeline_summary(timeline, run_dir),
         "epoch_log": evaluation.log if evaluation else None,

@@ -311,6 +311,7 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
             "first_step_s": (s.get("startup_seconds") or {}).get("first_step"),
             # Worker 0's profiled step (train.profile_step), or None.
             "timeline": s.get("timeline"),
+            **_load(s),
             "curve": [(r["train_seconds"], r["test_accuracy"], r["steps"])
                       for r in s["epoch_log"]]}
 
@@ -326,7 +327,15 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
             "bytes_counted": True, "collectives_per_step": 0.0,
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / s["steps"],
             "step_ms": s["step_ms_median"], "parameters": baseline["parameters"],
-            "curve": curve}
+            **_load(s), "curve": curve}
+
+
+def _load(s: dict) -> dict:
+    """The machine's cores busy during worker 0's timed steps (`tfdist.tools.cpu_load`): every
+    emulated host shares them. Empty for a summary without the measurement."""
+    load = s.get("machine_load")
+    return {} if not load else {"cores": load["cores"], "busy_cores": load["busy_cores"],
+                                "busy_core_ms_per_step": load["busy_core_ms_per_step"]}
 
 
 def compressor_ms(run_dir: Path, repeats: int = 10, picked: str | None = None) -> float:
@@ -376,14 +385,16 @@ def breakdown(row: dict, compute_ms: float | None, compressor: float) -> dict:
             "compressor_ms": compressor, "rest_ms": step - compute_ms - wire - compressor}
 
 
-def _add_breakdowns(ran: list[tuple[dict, Path]], limit_ms: float) -> None:
-    """Each run of one cluster (row, run directory), not its limit, gets `breakdown` against
-    the limit's step."""
+def _add_breakdowns(ran: list[tuple[dict, Path]], limit: dict) -> None:
+    """Each run of one cluster (row, run directory), not its `limit` row, gets `breakdown`
+    against the limit's step, and the cores busy during the limit's steps."""
     for row, run_dir in ran:
         if row["algorithm"] != LIMIT:
             work = compressor_ms(run_dir, picked=row.get("auto_choice")) \
                 if (run_dir / "config.yaml").exists() else 0.0
-            row.update(breakdown(row, limit_ms, work))
+            row.update(breakdown(row, limit["step_ms"], work))
+            if "busy_cores" in limit:
+                row["limit_busy_cores"] = limit["busy_cores"]
 
 
 def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
@@ -425,7 +436,7 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                                  f"{row['step_ms']:.0f} ms/step")
                     write(plan, rows, failures, out_dir, command)
                 if ran and ran[-1][0]["algorithm"] == LIMIT:  # written first: nothing lost
-                    _add_breakdowns(ran, ran[-1][0]["step_ms"])
+                    _add_breakdowns(ran, ran[-1][0])
     write(plan, rows, failures, out_dir, command)
     if failures:
         raise RuntimeError(f"{len(failures)} of {plan.runs} runs failed:\n" + "\n".join(failures))
@@ -455,12 +466,13 @@ def breakdown_table(rows: list[dict]) -> str:
     (the models suite)."""
     models = any("model" in r for r in rows)
     profiled = any(r.get("timeline") for r in rows)
+    loaded = any("busy_cores" in r for r in rows)
     lines = [("| model " if models else "") + "| hosts | link | algorithm | mean step (ms) | compute | "
              "wire at link rate | compressor | rest | "
              + ("profiled step: span, exposed communication, update | " if profiled else "")
-             + "start-up (s) | first step (s) |",
+             + ("cores busy: run, limit | " if loaded else "") + "start-up (s) | first step (s) |",
              ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|"
-             + ("---:|" if profiled else "") + "---:|---:|"]
+             + ("---:|" if profiled else "") + ("---:|" if loaded else "") + "---:|---:|"]
     for r in rows:
         if "compute_ms" in r:
             lines.append((f"| {r['model']} " if models else "") +
@@ -468,8 +480,19 @@ def breakdown_table(rows: list[dict]) -> str:
                          f"{r['mean_step_ms']:.0f} | {r['compute_ms']:.0f} | {r['wire_ms']:.0f} | "
                          f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
                          + (f"{_profiled(r)} | " if profiled else "")
+                         + (f"{busy_cores(r)} | " if loaded else "")
                          + f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
     return "\n".join(lines)
+
+
+def busy_cores(row: dict) -> str:
+    """The cores busy, on average, during a row's steps and during its limit's (every emulated
+    host shares them), e.g. "1.96, 2.00 of 2", or n/a."""
+    if "busy_cores" not in row:
+        return "n/a"
+    limit = row.get("limit_busy_cores")
+    return (f"{row['busy_cores']:.2f}, " + ("n/a" if limit is None else f"{limit:.2f}")
+            + f" of {row['cores']}")
 
 
 def _profiled(row: dict) -> str:

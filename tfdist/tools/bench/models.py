@@ -14,7 +14,9 @@ OUT/models.md, OUT/models.json, OUT/models_*.png and each model's comm-suite fil
 OUT/<model>/<hosts>hosts/.
 
 Each row also carries the comm suite's per-step breakdown (`tfdist.tools.bench.comm.breakdown`):
-compute, wire at the link's rate, the compressor's own work, and the rest.
+compute, wire at the link's rate, the compressor's own work, and the rest; and the machine's
+cores busy during its steps and during the limit's (`tfdist.tools.cpu_load`): every emulated
+host shares them, so a step that kept them all busy is bound by the cores, not by the link.
 """
 
 from __future__ import annotations

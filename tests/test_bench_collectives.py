@@ -2,6 +2,7 @@
 Horovod's Gloo, 2 processes on 127.0.0.1, every result checked by the workers."""
 
 import json
+import os
 
 import pytest
 
@@ -28,6 +29,10 @@ def test_every_transport_size_and_split_has_a_measured_row(sweep):
         assert r["processes"] == 2 and r["samples"] == 3
         assert 0 < r["min_ms"] <= r["median_ms"]
         assert r["bus_gbs"] == pytest.approx(0.4e6 / (r["median_ms"] / 1e3) / 1e9)
+        # the machine's busy core-ms per call: at most all its cores for as long as the calls
+        # took, with a 10 ms clock tick of /proc/stat's resolution (3 calls of a few ms may
+        # read 0)
+        assert 0 <= r["busy_core_ms"] <= os.cpu_count() * (3 * r["median_ms"] + 10)
     saved = json.loads((out / "collectives.json").read_text())
     assert saved["rows"] == rows and saved["failures"] == []
     assert saved["command"] == "tfdist bench --suite collectives --sizes 0.4 --splits 1,2"
@@ -83,6 +88,14 @@ def test_the_page_shows_each_size_and_split_with_one_column_per_transport_and_pr
                         "Horovod, 4 processes |")
     assert lines[2] == "| 22 | 1 | 40.0 (0.55) | 16.0 (1.38) | 100.0 (0.33) | 37.0 (0.89) |"
     assert lines[3] == "| 22 | 2 | 30.0 (0.73) | - | - | - |"  # not measured: a dash
+    # a run that measured the machine's busy cores shows its core-ms per call after the bus
+    lines = collectives.page_table([{**rows[0], "busy_core_ms": 61.4}]).splitlines()
+    assert lines[2] == "| 22 | 1 | 40.0 (0.55; 61 core-ms) |"
+    text = collectives.table([{**rows[0], "busy_core_ms": 61.4}, rows[1]])
+    assert "| machine's busy core-ms per call |" in text.splitlines()[0]
+    assert text.splitlines()[2].endswith("| 1.00x | 61 |")
+    assert text.splitlines()[3].endswith("| 2.50x | n/a |")
+    assert "busy" not in collectives.table(rows)  # a run saved before: as it was
 
 
 def test_the_command_names_the_bad_value_and_exits_2(tmp_path, capsys):

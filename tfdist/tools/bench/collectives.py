@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from tfdist.tools.bench.machine import stamp
+from tfdist.tools.cpu_load import busy_core_seconds
 
 TRANSPORTS = {
     "tf.distribute": "tf.distribute CollectiveAllReduce (gRPC ring), as Keras calls it",
@@ -65,17 +66,21 @@ def _measure(comm, run, sizes_mb, splits, repeats: int, processes: int, rank: in
     for size_mb in sizes_mb:
         data = tf.Variable(tf.fill([_elements(size_mb)], float(rank + 1)), trainable=False)
         for k in splits:
-            times = _timed(comm, run, data, k, repeats, processes, f"{size_mb} MB in {k} parts")
+            times, busy = _timed(comm, run, data, k, repeats, processes,
+                                 f"{size_mb} MB in {k} parts")
             median = statistics.median(times)
             rows.append({"size_mb": size_mb, "splits": k, "median_ms": median,
                          "min_ms": min(times), "samples": len(times),
-                         "bus_gbs": bus_bandwidth_gbs(size_mb, median, processes)})
+                         "bus_gbs": bus_bandwidth_gbs(size_mb, median, processes),
+                         **({} if busy is None else {"busy_core_ms": busy})})
     return rows
 
 
-def _timed(comm, run, data, k: int, repeats: int, processes: int, where: str) -> list[float]:
-    """ms of each timed call of one traced all-reduce of `data` in `k` parts; the first and last
-    calls' sums are checked."""
+def _timed(comm, run, data, k: int, repeats: int, processes: int,
+           where: str) -> tuple[list[float], float | None]:
+    """ms of each timed call of one traced all-reduce of `data` in `k` parts, and the machine's
+    busy core-ms per timed call (every process's work and the kernel's: `tfdist.tools.cpu_load`;
+    None without /proc/stat); the first and last calls' sums are checked."""
     import tensorflow as tf
 
     def replica_fn():
@@ -85,7 +90,10 @@ def _timed(comm, run, data, k: int, repeats: int, processes: int, where: str) ->
 
     call = tf.function(lambda: run(replica_fn))
     times = []
+    busy = None
     for i in range(WARMUP + repeats):
+        if i == WARMUP:
+            busy = busy_core_seconds()
         start = time.perf_counter()
         ends = call().numpy()
         took = time.perf_counter() - start
@@ -93,7 +101,10 @@ def _timed(comm, run, data, k: int, repeats: int, processes: int, where: str) ->
             _check(ends, processes, where)
         if i >= WARMUP:
             times.append(took * 1e3)
-    return times
+    after = busy_core_seconds()
+    if busy is None or after is None:
+        return times, None
+    return times, 1e3 * (after[0] - busy[0]) / repeats
 
 
 def _worker(transport: str, sizes_mb, splits, repeats: int, result: str) -> None:
@@ -140,20 +151,28 @@ def table(rows: list[dict]) -> str:
     size, split and processes (above 1: faster than tf.distribute)."""
     ref = {(r["processes"], r["size_mb"], r["splits"]): r["median_ms"] for r in rows
            if r["transport"] == "tf.distribute"}
+    busy = any("busy_core_ms" in r for r in rows)
     lines = ["| transport | processes | size (MB) | all-reduce calls | median (ms) | fastest (ms) "
-             "| bus bandwidth (GB/s) | vs tf.distribute |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| bus bandwidth (GB/s) | vs tf.distribute |"
+             + (" machine's busy core-ms per call |" if busy else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if busy else "")]
     for r in rows:
         base = ref.get((r["processes"], r["size_mb"], r["splits"]))
         ratio = f"{base / r['median_ms']:.2f}x" if base else "n/a"
         lines.append(f"| {r['label']} | {r['processes']} | {r['size_mb']:g} | {r['splits']} | "
-                     f"{r['median_ms']:.1f} | {r['min_ms']:.1f} | {r['bus_gbs']:.2f} | {ratio} |")
+                     f"{r['median_ms']:.1f} | {r['min_ms']:.1f} | {r['bus_gbs']:.2f} | {ratio} |"
+                     + (f" {_core_ms(r.get('busy_core_ms'))} |" if busy else ""))
     return "\n".join(lines)
+
+
+def _core_ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
 
 
 def page_table(rows: list[dict]) -> str:
     """The benchmark page's table: one row per size and number of calls, one column per
-    transport and number of processes; median ms with the bus bandwidth (GB/s) in brackets."""
+    transport and number of processes; median ms with the bus bandwidth (GB/s) in brackets, and
+    after it the machine's busy core-ms per call where the run measured them."""
     columns = list(dict.fromkeys((r["transport"], r["processes"]) for r in sorted(
         rows, key=lambda r: r["processes"])))
     cells = {(r["size_mb"], r["splits"], r["transport"], r["processes"]): r for r in rows}
@@ -163,8 +182,13 @@ def page_table(rows: list[dict]) -> str:
     for size, splits in sorted({(r["size_mb"], r["splits"]) for r in rows}):
         shown = [cells.get((size, splits, label, n)) for label, n in columns]
         lines.append(f"| {size:g} | {splits} | " + " | ".join(
-            f"{c['median_ms']:.1f} ({c['bus_gbs']:.2f})" if c else "-" for c in shown) + " |")
+            _cell(c) if c else "-" for c in shown) + " |")
     return "\n".join(lines)
+
+
+def _cell(row: dict) -> str:
+    busy = f"; {row['busy_core_ms']:.0f} core-ms" if "busy_core_ms" in row else ""
+    return f"{row['median_ms']:.1f} ({row['bus_gbs']:.2f}{busy})"
 
 
 def _positive(values, name: str, kind=float) -> list:

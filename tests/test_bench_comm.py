@@ -118,8 +118,9 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     for r in rows:
         times = [t for t, _, _ in r["curve"]]
         assert len(times) == 2 and 0 < times[0] < times[1]
-        # the machine's cores (every emulated host shares them) busy during the timed steps
-        assert r["cores"] == os.cpu_count() and 0 < r["busy_cores"] <= r["cores"] + 0.05
+        # the machine's cores (every emulated host shares them) busy during the timed steps:
+        # counted in 10 ms ticks per core, over epochs of a fraction of a second here
+        assert r["cores"] == os.cpu_count() and 0 < r["busy_cores"] <= 1.2 * r["cores"]
         assert r["limit_busy_cores" if r["algorithm"] != LIMIT else "busy_cores"] == \
             by[LIMIT]["busy_cores"]
     # The limit: the baseline's accuracy at the compute-only step time.

@@ -61,9 +61,10 @@ def test_train_default_config_keeps_each_run_quietly(tmp_path):
     assert up["fit_before_first_step"] >= 0
     parts = sum(v for k, v in up.items() if k != "total")
     assert up["total"] == pytest.approx(parts, abs=0.005)
-    # The machine's cores busy during the timed steps: training kept some busy, no more than all.
+    # The machine's cores busy during the timed steps: training kept some busy, no more than all
+    # (counted in 10 ms ticks per core, over epochs of a fraction of a second here).
     load = summary["machine_load"]
-    assert load["cores"] == os.cpu_count() and 0 < load["busy_cores"] <= load["cores"] + 0.05
+    assert load["cores"] == os.cpu_count() and 0 < load["busy_cores"] <= 1.2 * load["cores"]
     scalars = _scalars(run)
     assert len(scalars["loss"]) == 2 and scalars["loss"][1] < scalars["loss"][0]
     assert len(scalars["accuracy"]) == 2 and scalars["learning_rate"] == [

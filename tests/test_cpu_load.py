@@ -36,26 +36,32 @@ def test_this_machine_reports_its_cores_and_a_busy_time_that_grows():
     assert after - before >= 0.1  # this process alone kept one core busy for 0.2 s
 
 
-def _batch(load, batch, spin_s):
-    load.on_train_batch_begin(batch)
+def _batch(load, spin_s):
     deadline = time.perf_counter() + spin_s
     while time.perf_counter() < deadline:
         pass
-    load.on_train_batch_end(batch)
+    load.on_train_batch_end(0)
 
 
-def test_a_step_that_keeps_a_core_busy_counts_one_core_at_least_and_the_first_is_left_out():
+def test_steps_that_keep_a_core_busy_count_one_core_at_least_and_each_epochs_first_opens_it():
     load = MachineLoad()
     assert load.summary() is None  # no step yet
-    _batch(load, 0, 0.0)  # the tracing step: left out, as the step times leave it out
-    _batch(load, 1, 0.3)
-    _batch(load, 2, 0.3)
+    load.on_epoch_begin(0)
+    _batch(load, 0.0)  # the tracing step: its end opens the epoch's window
+    _batch(load, 0.3)
+    _batch(load, 0.3)
+    load.on_epoch_begin(1)
+    _batch(load, 0.3)  # the next epoch's first batch opens its window: not counted
+    time.sleep(0.3)  # between its batches: counted as wall time, not busy
+    _batch(load, 0.0)
+    load.on_train_end()
     summary = load.summary()
-    assert summary["cores"] == os.cpu_count()
-    # this process spun on one core; other processes may have kept the others busy
-    assert 0.85 <= summary["busy_cores"] <= summary["cores"] + 0.05
-    assert summary["busy_core_ms_per_step"] >= 250
-    assert len(load.busy) == 3 and load.busy[0] < 0.1
+    assert summary["cores"] == os.cpu_count() and load.steps == 3
+    assert load.seconds == pytest.approx(0.9, abs=0.05)
+    # this process spun on one core for 0.6 of the 0.9 s; other processes may have kept the
+    # other cores busy
+    assert 0.55 <= summary["busy_cores"] <= summary["cores"] + 0.05
+    assert summary["busy_core_ms_per_step"] >= 0.55 * 600 / 3
 
 
 def test_the_breakdown_shows_the_cores_busy_in_the_run_and_its_limit_only_when_measured():

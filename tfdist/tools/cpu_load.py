@@ -1,10 +1,10 @@
-"""How busy the machine's cores were during each training step (Linux's /proc/stat).
+"""How busy the machine's cores were during the training steps (Linux's /proc/stat).
 
 On the emulated cluster every host's workers, their transports and the kernel's emulated links
 share one machine's cores. A step during which all of them were busy is bound by the cores, not
 by the link: only less work per step (not more overlap) makes it faster, and its time does not
-carry over to hosts with cores of their own. `MachineLoad` measures this per step; the bench
-suites report it (`busy_cores` of `cores`).
+carry over to hosts with cores of their own. `MachineLoad` measures this over each epoch's
+steps; the bench suites report it (`busy_cores` of `cores`).
 
 The count is the whole machine's (every process and the kernel's interrupt work), not this
 process': /proc/stat is not confined by network or mount namespaces. Threads that spin while they

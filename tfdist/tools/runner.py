@@ -770,7 +770,8 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
-        # The machine's cores busy during those steps (all processes; None without /proc).
+        # The machine's cores busy during each epoch's steps after its first (all processes;
+        # None without /proc/stat).
         "machine_load": load.summary(),
         # train.profile_step's timeline (timeline.json holds its ops' intervals), or None.
         "timeline": _timeline_summary(timeline, run_dir),

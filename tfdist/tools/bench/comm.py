@@ -331,11 +331,10 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
 
 
 def _load(s: dict) -> dict:
-    """The machine's cores busy during worker 0's timed steps (`tfdist.tools.cpu_load`): every
-    emulated host shares them. Empty for a summary without the measurement."""
-    load = s.get("machine_load")
-    return {} if not load else {"cores": load["cores"], "busy_cores": load["busy_cores"],
-                                "busy_core_ms_per_step": load["busy_core_ms_per_step"]}
+    """The machine's cores busy during worker 0's timed steps (`machine_load`: `cores`,
+    `busy_cores`, `busy_core_ms_per_step`; every emulated host shares them). Empty for a summary
+    without the measurement."""
+    return dict(s.get("machine_load") or {})
 
 
 def compressor_ms(run_dir: Path, repeats: int = 10, picked: str | None = None) -> float:

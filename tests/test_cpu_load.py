@@ -1,12 +1,23 @@
 """`tfdist.tools.cpu_load`: the machine's cores busy during each training step."""
 
+import ctypes
 import os
+import threading
 import time
 
 import pytest
 
-from tfdist.tools.bench.comm import breakdown_table, busy_cores
-from tfdist.tools.cpu_load import MachineLoad, busy_core_seconds, parse_stat
+from tfdist.tools.bench.comm import breakdown_table, busy_cores, thread_split
+from tfdist.tools.cpu_load import (
+    COMPUTE,
+    MAIN,
+    MachineLoad,
+    busy_core_seconds,
+    parse_stat,
+    parse_task_stat,
+    thread_groups,
+    thread_times,
+)
 
 STAT = """cpu  1000 50 500 9000 200 30 70 150 40 0
 cpu0 500 25 250 4500 100 15 35 75 20 0
@@ -77,3 +88,82 @@ def test_the_breakdown_shows_the_cores_busy_in_the_run_and_its_limit_only_when_m
     assert lines[2] == "| 2 | 10gbit | x | 610 | 500 | 80 | 0 | 30 | 1.97, 2.00 of 2 | n/a | n/a |"
     assert lines[3] == "| 2 | 10gbit | x | 610 | 500 | 80 | 0 | 30 | n/a | n/a | n/a |"
     assert "cores busy" not in breakdown_table([row])  # a result saved before: as it was
+
+
+def test_a_threads_stat_line_gives_its_name_and_its_user_plus_system_ticks():
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+    line = "4242 (tf) (x y)) S 1 4242 4242 0 -1 4194560 10 0 0 0 125 37 0 0 20 0 9 0\n"
+    assert parse_task_stat(line) == ("tf) (x y)", 125 + 37)
+    with pytest.raises(ValueError, match="not a thread's stat line"):
+        parse_task_stat("4242 no name here")
+
+
+def _spin(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+def _named_spinner(name: bytes, seconds: float, started: threading.Event,
+                   release: threading.Event) -> threading.Thread:
+    """A thread named `name` that spins `seconds`, then waits for `release` (ended threads
+    leave /proc/self/task)."""
+    def run():
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+        started.set()
+        _spin(seconds)
+        release.wait(10)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_this_process_threads_are_read_with_their_names_the_first_as_main():
+    started, release = threading.Event(), threading.Event()
+    spinner = _named_spinner(b"spinner", 0.3, started, release)
+    started.wait()
+    before = thread_times()
+    time.sleep(0.4)
+    after = thread_times()
+    release.set()
+    spinner.join()
+    spun = [tid for tid, (group, _) in after.items() if group == "spinner"]
+    assert len(spun) == 1 and after[spun[0]][1] - before[spun[0]][1] >= 0.15
+    assert after[str(os.getpid())][0] == MAIN
+    assert thread_times("/nonexistent/task") is None
+
+
+def test_the_summary_splits_this_process_cpu_per_step_by_thread():
+    load = MachineLoad()
+    load.on_epoch_begin(0)
+    _batch(load, 0.0)  # opens the window and its first per-thread reading
+    started, release = threading.Event(), threading.Event()
+    transport = _named_spinner(b"transport", 2.0, started, release)
+    started.wait()
+    for _ in range(5):  # 2 s: the window's second reading comes after 1 s
+        _batch(load, 0.4)
+    load.on_train_end()
+    release.set()
+    transport.join()
+    split = load.summary()["thread_core_ms_per_step"]
+    steps = load.thread_steps
+    assert 3 <= steps <= 5  # the batches up to the last reading
+    # Each thread spun all along, on a core of its own where one is free (there are 2 here):
+    # about 400 core-ms per step each. Other processes may take some of the cores.
+    assert split[MAIN] >= 0.5 * 400 and split["transport"] >= 0.5 * 400
+    assert split[MAIN] <= 1.1 * 400 + 10 * 100 / steps  # 10 ms ticks, read twice
+    assert thread_groups(split) == (0.0, pytest.approx(sum(split.values())))
+    assert thread_groups({COMPUTE: 500.0, MAIN: 30.0, "x": 20.0}) == (500.0, 50.0)
+
+
+def test_the_breakdown_shows_worker_0s_op_pools_and_other_threads_in_the_run_and_its_limit():
+    row = {"hosts": 2, "bandwidth": "10gbit", "label": "x", "mean_step_ms": 610.0,
+           "compute_ms": 500.0, "wire_ms": 80.0, "compressor_ms": 0.0, "rest_ms": 30.0}
+    split = {**row, "thread_core_ms_per_step": {COMPUTE: 520.4, MAIN: 40.0, "unnamed": 230.2},
+             "limit_thread_core_ms_per_step": {COMPUTE: 580.0, MAIN: 60.0}}
+    assert thread_split(split) == "520 + 270; 580 + 60" and thread_split(row) == "n/a"
+    lines = breakdown_table([split, row]).splitlines()
+    assert "| worker 0's core-ms per step: op pools + other threads, run; limit |" in lines[0]
+    assert lines[2] == "| 2 | 10gbit | x | 610 | 500 | 80 | 0 | 30 | 520 + 270; 580 + 60 | n/a | n/a |"
+    assert "op pools" not in breakdown_table([row])

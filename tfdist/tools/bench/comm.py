@@ -332,8 +332,9 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
 
 def _load(s: dict) -> dict:
     """The machine's cores busy during worker 0's timed steps (`machine_load`: `cores`,
-    `busy_cores`, `busy_core_ms_per_step`; every emulated host shares them). Empty for a summary
-    without the measurement."""
+    `busy_cores`, `busy_core_ms_per_step`; every emulated host shares them), and worker 0's own
+    CPU per step by thread (`thread_core_ms_per_step`). Empty for a summary without the
+    measurement."""
     return dict(s.get("machine_load") or {})
 
 
@@ -394,6 +395,8 @@ def _add_breakdowns(ran: list[tuple[dict, Path]], limit: dict) -> None:
             row.update(breakdown(row, limit["step_ms"], work))
             if "busy_cores" in limit:
                 row["limit_busy_cores"] = limit["busy_cores"]
+            if "thread_core_ms_per_step" in limit:
+                row["limit_thread_core_ms_per_step"] = limit["thread_core_ms_per_step"]
 
 
 def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
@@ -466,12 +469,16 @@ def breakdown_table(rows: list[dict]) -> str:
     models = any("model" in r for r in rows)
     profiled = any(r.get("timeline") for r in rows)
     loaded = any("busy_cores" in r for r in rows)
+    threads = any("thread_core_ms_per_step" in r for r in rows)
     lines = [("| model " if models else "") + "| hosts | link | algorithm | mean step (ms) | compute | "
              "wire at link rate | compressor | rest | "
              + ("profiled step: span, exposed communication, update | " if profiled else "")
-             + ("cores busy: run, limit | " if loaded else "") + "start-up (s) | first step (s) |",
+             + ("cores busy: run, limit | " if loaded else "")
+             + ("worker 0's core-ms per step: op pools + other threads, run; limit | "
+                if threads else "") + "start-up (s) | first step (s) |",
              ("|---" if models else "") + "|---:|---|---|---:|---:|---:|---:|---:|"
-             + ("---:|" if profiled else "") + ("---:|" if loaded else "") + "---:|---:|"]
+             + ("---:|" if profiled else "") + ("---:|" if loaded else "")
+             + ("---:|" if threads else "") + "---:|---:|"]
     for r in rows:
         if "compute_ms" in r:
             lines.append((f"| {r['model']} " if models else "") +
@@ -480,6 +487,7 @@ def breakdown_table(rows: list[dict]) -> str:
                          f"{r['compressor_ms']:.0f} | {r['rest_ms']:.0f} | "
                          + (f"{_profiled(r)} | " if profiled else "")
                          + (f"{busy_cores(r)} | " if loaded else "")
+                         + (f"{thread_split(r)} | " if threads else "")
                          + f"{_seconds(r.get('startup_s'))} | {_seconds(r.get('first_step_s'))} |")
     return "\n".join(lines)
 
@@ -492,6 +500,24 @@ def busy_cores(row: dict) -> str:
     limit = row.get("limit_busy_cores")
     return (f"{row['busy_cores']:.2f}, " + ("n/a" if limit is None else f"{limit:.2f}")
             + f" of {row['cores']}")
+
+
+def thread_split(row: dict) -> str:
+    """Worker 0's own CPU per step, TensorFlow's op pools + every other thread (the training
+    loop's and the transport's), in its run and in its limit's: e.g. "1056 + 270; 1157 + 60",
+    or n/a."""
+    from tfdist.tools.cpu_load import thread_groups  # (imports Keras)
+
+    def split(core_ms: dict | None) -> str:
+        if core_ms is None:
+            return "n/a"
+        compute, other = thread_groups(core_ms)
+        return f"{compute:.0f} + {other:.0f}"
+
+    if "thread_core_ms_per_step" not in row:
+        return "n/a"
+    return (f"{split(row['thread_core_ms_per_step'])}; "
+            f"{split(row.get('limit_thread_core_ms_per_step'))}")
 
 
 def _profiled(row: dict) -> str:

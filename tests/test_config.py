@@ -33,6 +33,11 @@ def test_defaults_fill_missing_keys():
     ({"optimizer": {"name": "adagrad"}}, "optimizer.name: got 'adagrad'; must be one of"),
     ({"optimizer": {"learning_rate": -1}}, "optimizer.learning_rate: got -1; must be a number > 0"),
     ({"engine": {"name": "mpi"}}, "engine.name: got 'mpi'"),
+    ({"engine": {"name": "horovod", "horovod_cycle_ms": 0}},
+     "engine.horovod_cycle_ms: got 0; must be a number > 0 (ms), or null"),
+    ({"engine": {"name": "multi_worker", "horovod_cycle_ms": 10}},
+     "engine.horovod_cycle_ms: sets Horovod's cycle time; engine.name 'multi_worker' does not "
+     "run Horovod"),
     ({"engine": {"name": "keras_multi_worker"}, "compression": {"name": "fp16"}},
      "compression.name need(s) a tfdist engine: use 'multi_worker'"),
     ({"model": {"hidden": [64, 0]}}, "model.hidden: got [64, 0]"),

@@ -101,3 +101,21 @@ def test_a_rank_that_finishes_first_waits_for_the_others_before_horovod_shuts_do
     assert "SUM 1.0" in result.output
     half = max(1, len(os.sched_getaffinity(0)) // 2)
     assert f"EXIT 1 THREADS {half}" in result.output and f"EXIT 0 THREADS {half}" in result.output
+
+
+def test_the_cycle_time_is_set_for_hvd_init_and_refused_where_it_would_not_apply(monkeypatch):
+    from tfdist.horovod import _set_cycle_time
+
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    _set_cycle_time(10, initialized=False)
+    assert os.environ["HOROVOD_CYCLE_TIME"] == "10"
+    _set_cycle_time(10.0, initialized=True)  # the value Horovod read: nothing to change
+    with pytest.raises(ValueError, match=r"got 5 ms, but HOROVOD_CYCLE_TIME=10 is set"):
+        _set_cycle_time(5, initialized=False)
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME")
+    with pytest.raises(ValueError, match="after Horovod was initialised"):
+        _set_cycle_time(2.5, initialized=True)
+    for bad in (0, -1, True, "10"):
+        with pytest.raises(ValueError, match="must be a number of milliseconds > 0"):
+            _set_cycle_time(bad, initialized=False)
+    assert "HOROVOD_CYCLE_TIME" not in os.environ

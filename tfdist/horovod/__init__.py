@@ -20,6 +20,8 @@ Importing this module does not import Horovod; `init()` does.
 
 from __future__ import annotations
 
+import os
+
 from tfdist.comm import HorovodEngine, activate
 from tfdist.comm.horovod import import_horovod, wait_for_the_others_at_exit
 from tfdist.horovod import callbacks
@@ -49,12 +51,18 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tfdist.horovod' has no attribute {name!r}")
 
 
-def init(process_sets=None, **horovod_options) -> None:
+def init(process_sets=None, *, cycle_ms: float | None = None, **horovod_options) -> None:
     """Initialises Horovod (idempotent) and makes it this process's engine.
 
     Args:
         process_sets: Passed to `hvd.init`; "dynamic" lets tfdist create the groups that
             hierarchical averaging reduces within.
+        cycle_ms: Milliseconds between the rounds in which Horovod's background thread agrees
+            with the other ranks on the tensors ready to reduce (`HOROVOD_CYCLE_TIME`, read
+            once, by `hvd.init`); None keeps Horovod's own (1 ms, or the variable's). Each
+            round costs CPU time on every rank, even with nothing to reduce: on hosts whose
+            cores all compute, a longer cycle leaves them more (see the models benchmark
+            page), and adds up to `cycle_ms` of waiting to each bucket.
         **horovod_options: Horovod's other `hvd.init` arguments (`comm`, ...).
 
     Example:
@@ -72,10 +80,37 @@ def init(process_sets=None, **horovod_options) -> None:
         ```
     """
     hvd = import_horovod()
+    if cycle_ms is not None:
+        _set_cycle_time(cycle_ms, hvd.is_initialized())
     if not hvd.is_initialized():
         hvd.init(process_sets=process_sets, **horovod_options)
         wait_for_the_others_at_exit()
     activate(HorovodEngine())
+
+
+def _set_cycle_time(cycle_ms: float, initialized: bool) -> None:
+    """Sets `HOROVOD_CYCLE_TIME` for `hvd.init`. Raises ValueError for a value that is not a
+    number > 0, one that differs from the variable the user set, or one given once Horovod is
+    initialised (it read its cycle time then)."""
+    if not isinstance(cycle_ms, (int, float)) or isinstance(cycle_ms, bool) or cycle_ms <= 0:
+        raise ValueError(f"cycle_ms: got {cycle_ms!r}; it must be a number of milliseconds "
+                         "> 0, e.g. 10")
+    value = f"{cycle_ms:g}"
+    current = os.environ.get("HOROVOD_CYCLE_TIME")
+    if current is not None and _number(current) != float(value):
+        raise ValueError(f"cycle_ms: got {value} ms, but HOROVOD_CYCLE_TIME={current} is set; "
+                         "unset the variable or give the same value")
+    if initialized and current is None:
+        raise ValueError(f"cycle_ms: got {value} ms after Horovod was initialised, which read "
+                         "its cycle time then; pass it to the first init()")
+    os.environ["HOROVOD_CYCLE_TIME"] = value
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def size() -> int:

@@ -170,6 +170,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  lambda v: v > 0, 120, most=10**7),
         # parameter_server: a gradient of staleness t >= 1 gets the learning rate / t.
         "scale_lr_by_staleness": Field(False, (bool,), "true or false"),
+        # horovod: ms between the rounds of Horovod's background thread (HOROVOD_CYCLE_TIME);
+        # null: Horovod's own (1 ms, or the variable where it is set).
+        "horovod_cycle_ms": _float("a number > 0 (ms), or null (Horovod's own)",
+                                   lambda v: v > 0, None, nullable=True, most=1000),
         # parameter_server: DC-ASGD's lambda for stale gradients (e.g. 0.04), or null.
         "delay_compensation": _float("a number >= 0, or null", lambda v: v >= 0, None,
                                      nullable=True, most=1e6),
@@ -446,6 +450,10 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     if c["train"]["resize_policy"] is not None and not c["train"]["checkpoint_steps"]:
         errors.append("train.resize_policy: a resize restarts the job from a backup; set "
                       "train.checkpoint_steps too")
+    if engine["horovod_cycle_ms"] is not None and engine["name"] != "horovod":
+        errors.append(f"engine.horovod_cycle_ms: sets Horovod's cycle time; engine.name "
+                      f"{engine['name']!r} does not run Horovod: set it to null, or use "
+                      "engine.name horovod")
     errors += kind.check(c)
     if c["optimizer"]["nan_policy"] == "skip" and not kind.tfdist_optimizer:
         errors.append(f"optimizer.nan_policy: 'skip' is a tfdist optimizer's check of the reduced "

@@ -176,7 +176,8 @@ class Horovod(JobEngine):
         from tfdist.comm import resolve
 
         hierarchical = config["averaging"]["intra_period"] is not None
-        thvd.init(process_sets="dynamic" if hierarchical else None)
+        thvd.init(process_sets="dynamic" if hierarchical else None,
+                  cycle_ms=config["engine"]["horovod_cycle_ms"])
         return None, resolve()
 
     def feed(self, job, batches, warmup_epochs):

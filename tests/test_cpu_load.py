@@ -98,38 +98,46 @@ def test_a_threads_stat_line_gives_its_name_and_its_user_plus_system_ticks():
         parse_task_stat("4242 no name here")
 
 
-def _spin(seconds: float) -> None:
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        pass
+class _NamedWorker:
+    """A thread named `name` that, once `go` is set, keeps its core busy until its own CPU
+    clock (`time.thread_time`, an account independent of /proc's) has advanced `cpu_s`, then
+    sets `done` and waits for `release` (an ended thread leaves /proc/self/task). Counting its
+    own CPU time, not the wall time, makes the work the same however loaded the machine is."""
 
+    def __init__(self, name: bytes, cpu_s: float):
+        self.ready, self.go, self.done, self.release = (threading.Event() for _ in range(4))
+        self.thread = threading.Thread(target=self._run, args=(name, cpu_s))
+        self.thread.start()
+        self.ready.wait()
 
-def _named_spinner(name: bytes, seconds: float, started: threading.Event,
-                   release: threading.Event) -> threading.Thread:
-    """A thread named `name` that spins `seconds`, then waits for `release` (ended threads
-    leave /proc/self/task)."""
-    def run():
+    def _run(self, name: bytes, cpu_s: float) -> None:
         ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
-        started.set()
-        _spin(seconds)
-        release.wait(10)
+        self.ready.set()
+        self.go.wait(10)
+        start = time.thread_time()
+        while time.thread_time() - start < cpu_s:
+            pass
+        self.done.set()
+        self.release.wait(30)
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    def end(self) -> None:
+        self.release.set()
+        self.thread.join()
+
+
+TICKS = 3 * 1000 / os.sysconf("SC_CLK_TCK")  # ms: user and system ticks, each read twice
 
 
 def test_this_process_threads_are_read_with_their_names_the_first_as_main():
-    started, release = threading.Event(), threading.Event()
-    spinner = _named_spinner(b"spinner", 0.3, started, release)
-    started.wait()
+    worker = _NamedWorker(b"spinner", 0.3)
     before = thread_times()
-    time.sleep(0.4)
+    worker.go.set()
+    assert worker.done.wait(30)
     after = thread_times()
-    release.set()
-    spinner.join()
+    worker.end()
     spun = [tid for tid, (group, _) in after.items() if group == "spinner"]
-    assert len(spun) == 1 and after[spun[0]][1] - before[spun[0]][1] >= 0.15
+    assert len(spun) == 1
+    assert 1000 * (after[spun[0]][1] - before[spun[0]][1]) == pytest.approx(300, abs=TICKS)
     assert after[str(os.getpid())][0] == MAIN
     assert thread_times("/nonexistent/task") is None
 
@@ -137,22 +145,25 @@ def test_this_process_threads_are_read_with_their_names_the_first_as_main():
 def test_the_summary_splits_this_process_cpu_per_step_by_thread():
     load = MachineLoad()
     load.on_epoch_begin(0)
-    _batch(load, 0.0)  # opens the window and its first per-thread reading
-    started, release = threading.Event(), threading.Event()
-    transport = _named_spinner(b"transport", 2.0, started, release)
-    started.wait()
-    for _ in range(5):  # 2 s: the window's second reading comes after 1 s
-        _batch(load, 0.4)
+    load.on_train_batch_end(0)  # the tracing step's end opens the window: a per-thread reading
+    main_start = time.thread_time()
+    transport = _NamedWorker(b"transport", 0.6)  # started in the window: all its work is in it
+    transport.go.set()
+    batches = 0
+    while not transport.done.is_set():
+        _batch(load, 0.2)
+        batches += 1
+    time.sleep(1.05)
+    _batch(load, 0.0)  # over a second since any reading: this batch's end is the last one
+    batches += 1
+    main_cpu_ms = 1000 * (time.thread_time() - main_start)
     load.on_train_end()
-    release.set()
-    transport.join()
+    transport.end()
     split = load.summary()["thread_core_ms_per_step"]
-    steps = load.thread_steps
-    assert 3 <= steps <= 5  # the batches up to the last reading
-    # Each thread spun all along, on a core of its own where one is free (there are 2 here):
-    # about 400 core-ms per step each. Other processes may take some of the cores.
-    assert split[MAIN] >= 0.5 * 400 and split["transport"] >= 0.5 * 400
-    assert split[MAIN] <= 1.1 * 400 + 10 * 100 / steps  # 10 ms ticks, read twice
+    assert load.thread_steps == batches
+    # Each thread's core-ms in the window, per step, as its own CPU clock counted them.
+    assert split["transport"] * batches == pytest.approx(600, abs=TICKS)
+    assert split[MAIN] * batches == pytest.approx(main_cpu_ms, abs=TICKS)
     assert thread_groups(split) == (0.0, pytest.approx(sum(split.values())))
     assert thread_groups({COMPUTE: 500.0, MAIN: 30.0, "x": 20.0}) == (500.0, 50.0)
 

@@ -712,7 +712,7 @@ def test_a_termination_notice_ends_every_task_with_76_and_the_rerun_is_exact(job
             os.killpg(launcher.pid, signal.SIGKILL)
     output = "".join(lines)
     assert launcher.returncode == 76, output[-4000:]
-    assert time.monotonic() - noticed_at[0] < 30  # within the grace period
+    assert time.monotonic() - noticed_at[0] < 30, output[-4000:]  # within the grace period
     for task in ("ps 0", "worker 0", "worker 1"):
         assert f"[{task}] termination notice: exiting with 76" in output, output[-4000:]
     assert "Traceback" not in output
@@ -722,6 +722,39 @@ def test_a_termination_notice_ends_every_task_with_76_and_the_rerun_is_exact(job
     for a, b in zip(jobs["sync"][1], weights, strict=True):  # both runs' ends if not
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{output[-3000:]}\n---\n{rerun[-3000:]}")
+
+
+_BLOCKED = """
+import tensorflow as tf
+from tfdist.tools import ps_notices
+ps_notices.DEADLINE = 2.0
+ps_notices.listen(["SIGTERM"], raising=False)
+queue = tf.queue.FIFOQueue(1, tf.float32)
+print("blocked", flush=True)
+queue.dequeue()  # never returns: the main thread stays inside TensorFlow
+"""
+
+
+def test_a_task_whose_main_thread_never_returns_ends_by_the_notices_deadline():
+    """A parameter-server task blocked inside a TensorFlow call (as a worker's call to a server
+    that hangs) never runs its Python signal handler; the notice is heard all the same, and the
+    task ends with 76 once the deadline passes, saying where each thread was."""
+    task = subprocess.Popen([sys.executable, "-c", _BLOCKED], cwd=ROOT, env=worker_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert task.stdout is not None
+        assert task.stdout.readline() == "blocked\n"
+        time.sleep(0.5)  # inside the dequeue
+        task.send_signal(signal.SIGTERM)
+        out, err = task.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(task.pid, signal.SIGKILL)
+    assert task.returncode == 76, err[-3000:]
+    assert "still running 2 s after the termination notice; where each thread is" in err, err
+    assert 'File "<string>", line 8 in <module>' in err, err  # the main thread: the dequeue
+    assert "termination notice: exiting with 76" in out
 
 
 def test_the_ps_engine_has_no_collectives_between_workers():

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ import tfdist
 from tfdist import compression
 from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
-    PREEMPTED_EXIT,
     BackupAndRestore,
     BackupError,
     CommunicationStats,
@@ -52,7 +50,6 @@ from tfdist.callbacks import (
     StepTimer,
 )
 from tfdist.callbacks.backup import remove_folder
-from tfdist.callbacks.channel import launcher_channel
 from tfdist.comm import Engine, ring_bytes
 from tfdist.data import (
     global_batches,
@@ -72,6 +69,7 @@ from tfdist.ps import (
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
+from tfdist.tools import ps_notices as notices
 from tfdist.tools.config import ConfigError, make_offload, make_parts, metrics_of
 from tfdist.tools.cpu_load import MachineLoad
 from tfdist.tools.engines import ENGINES, JobEngine, make_compressor
@@ -573,9 +571,9 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     except tf.errors.OpError as e:
         # A parameter-server task that ended after a notice. A worker may see its servers go
         # (they had the notice first) before its own notice arrives: it waits for it a little.
-        if _NOTICED.is_set() or (_LISTENING.is_set() and SERVER_GONE in str(e)
-                                 and _NOTICED.wait(NOTICE_WAIT)):
-            raise SystemExit(_preempted_ps()) from None
+        if notices.NOTICED.is_set() or (notices.LISTENING.is_set() and SERVER_GONE in str(e)
+                                        and notices.NOTICED.wait(notices.NOTICE_WAIT)):
+            notices.exit_preempted()
         if JOB_OVER not in str(e):
             raise
         said = re.search(re.escape(JOB_OVER) + r".*?\(update \d+\)", str(e))
@@ -661,7 +659,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         if own is not None:
             own.set_model(model)
             callbacks.append(own)
-        callbacks.append(_StopOnNotice())  # after `own`: the step in flight is checkpointed
+        callbacks.append(notices.StopOnNotice())  # after `own`: the step in flight is checkpointed
         if start:
             callbacks.append(StartAt(start, steps))
             restored = own is not None and own.restore(start)
@@ -842,20 +840,21 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     _on_notice(config, raising=True)
     try:
         report = _serve_until_done(model, config, cluster, scale, every)
-    except _Notice:
-        # Ends the process at once: TensorFlow's RPC server still runs its threads, and the
-        # interpreter's shutdown around them can abort it ("terminate called without an active
-        # exception", SIGABRT instead of the notice's exit code). Nothing is left to write: a
-        # checkpoint being written counts only once it is renamed whole.
-        code = _preempted_ps()
-        sys.stderr.flush()
-        os._exit(code)
+    except notices.Notice:
+        notices.exit_preempted()
     if every:  # the last task out removes train.output_dir/backup
         with contextlib.suppress(OSError):
             (Path(config["train"]["output_dir"]) / BACKUP).rmdir()
     keras.config.set_dtype_policy("float32")
     return {"engine": job.name, "role": "ps", "task_index": cluster.task_index,
             **report}
+
+
+def _on_notice(config: dict[str, Any], raising: bool) -> None:
+    """A parameter-server task's answer to train.preemption_signals, with checkpoints
+    (`tfdist.tools.ps_notices`)."""
+    if config["train"]["checkpoint_steps"]:
+        notices.listen(config["train"]["preemption_signals"], raising)
 
 
 def _serve_until_done(model, config, cluster, scale, every) -> dict:
@@ -870,50 +869,6 @@ def _serve_until_done(model, config, cluster, scale, every) -> dict:
                  min_compress_size=config["compression"]["min_size"],
                  compress_1d=config["compression"]["compress_1d"],
                  checkpoint_dir=_ps_checkpoints(config), checkpoint_every=every)
-
-
-class _Notice(Exception):
-    """A termination notice reached a parameter-server task."""
-
-
-_NOTICED = threading.Event()
-_LISTENING = threading.Event()  # this task answers notices (`_on_notice` installed its handlers)
-NOTICE_WAIT = 10.0  # seconds a worker whose servers went away waits for the notice that explains it
-
-
-def _on_notice(config: dict[str, Any], raising: bool) -> None:
-    """A parameter-server task's answer to train.preemption_signals (with checkpoints): the
-    process ends with PREEMPTED_EXIT and the same command resumes from the servers' newest
-    checkpoint (the servers hold the training state, so there is no backup to write at the
-    step in flight). A server raises `_Notice` out of its serving loop; a worker stops at the
-    end of its step in flight (`_StopOnNotice`), or when its next call finds the servers gone."""
-    if not config["train"]["checkpoint_steps"]:
-        return
-
-    def noticed(signum, frame):
-        _NOTICED.set()
-        if raising:
-            raise _Notice(signal.Signals(signum).name)
-
-    for name in config["train"]["preemption_signals"]:
-        signal.signal(getattr(signal, name), noticed)
-    _LISTENING.set()
-    launcher_channel().listen()  # notices the launcher passes on as lines (a task over ssh)
-
-
-def _preempted_ps() -> int:
-    print(f"termination notice: exiting with {PREEMPTED_EXIT}; the same command resumes from the "
-          "parameter servers' newest checkpoint", flush=True)
-    return PREEMPTED_EXIT
-
-
-class _StopOnNotice(keras.callbacks.Callback):
-    """Ends a parameter-server worker after its step in flight once a notice arrived, without
-    telling the servers it finished (it has not: the job resumes)."""
-
-    def on_train_batch_end(self, batch, logs=None):
-        if _NOTICED.is_set():
-            raise SystemExit(_preempted_ps())
 
 
 def _ps_checkpoints(config: dict[str, Any]) -> str | None:

@@ -234,6 +234,37 @@ def test_the_command_plans_mixed_precision(tmp_path, capsys):
     assert plan["estimates"][0]["wire_bytes"] == 2 * 7 / 8 * 2 * 1_000_000  # float16 ring
 
 
+def test_the_fused_updates_saving_shortens_the_exchanges_of_the_distributed_optimizer(
+        tmp_path, capsys):
+    """`update_saving_s` comes off the compute of dense, FP16, PowerSGD, top-k and local SGD,
+    whose update is tfdist.DistributedOptimizer's; ZeRO, the pipeline and the servers keep the
+    step as measured; a saving longer than the step is refused by name."""
+    shapes = ((256, 128), (128,), (128, 10), (10,))
+    specs = ["dense", "dense_overlap", "fp16", "powersgd:2", "topk:0.01", "local_sgd:4",
+             "zero1", "zero3", "pipeline:2x4", "ps:1"]
+    cluster = Cluster(4, Link(1.0))
+    plain, fused = (dict(zip(specs, predict(Workload(shapes, 0.05, update_saving_s=saving),
+                                            cluster, specs).estimates, strict=True))
+                    for saving in (0.0, 0.01))
+    for spec in specs:
+        shorter = 0.01 if spec.split(":")[0] in ("dense", "dense_overlap", "fp16", "powersgd",
+                                                 "topk", "local_sgd") else 0.0
+        assert fused[spec].compute_s == pytest.approx(0.05 - shorter), spec
+        assert fused[spec].step_s == pytest.approx(plain[spec].step_s - shorter), spec
+    with pytest.raises(ValueError, match=r"`update_saving_s` \(0.2 s\) cannot exceed "
+                                         r"`compute_s` \(0.1 s\)"):
+        Workload(shapes, 0.1, update_saving_s=0.2)
+    from tfdist.tools.cli import main
+
+    assert main(["plan", "--parameters", "1000000", "--compute-ms", "10", "--workers", "8",
+                 "--algorithms", "dense", "--update-saving-ms", "4",
+                 "--json", str(tmp_path / "plan.json")]) == 0
+    assert "tfdist's fused update saves 4.0 ms of it" in capsys.readouterr().out
+    (plan,) = json.loads((tmp_path / "plan.json").read_text())["plans"]
+    assert plan["workload"]["update_saving_s"] == 0.004
+    assert plan["estimates"][0]["compute_s"] == pytest.approx(0.006)
+
+
 def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "tfdist.tools.cli", "plan",

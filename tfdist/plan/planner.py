@@ -55,6 +55,9 @@ from tfdist.plan.costs import (
 )
 
 ENGINES = ("tf.distribute", "horovod")
+# The families whose update is tfdist.DistributedOptimizer's, fused by default
+# (`Workload.update_saving_s`); ZeRO's sharded update, the pipeline's and the servers' are not.
+FUSED_UPDATE = frozenset({"dense", "dense_overlap", "fp16", "powersgd", "topk", "local_sgd"})
 FLOAT = 4  # bytes of a float32 (and of an int32 index)
 HALF = 2  # bytes of a float16
 PRECISIONS = ("float32", "mixed")
@@ -269,6 +272,14 @@ class Workload:
         shapes_known: False where `shapes` stands for a parameter count alone
             (`from_parameters`): every gradient is then taken as compressible, and PowerSGD
             (which needs the matrices) is left out.
+        update_saving_s: Seconds of `compute_s` that tfdist's fused optimizer update saves
+            (`DistributedOptimizer(fused_update=True)`, the default: Adam, AdamW and SGD in one
+            kernel or compiled function per device) against the per-variable update that
+            `compute_s` was measured with, e.g. Keras' update minus the fused one in
+            `tfdist bench --suite overhead`. The exchanges of `tfdist.DistributedOptimizer`
+            (dense, FP16, PowerSGD, top-k, local SGD) price their compute without it; ZeRO,
+            the pipeline and the parameter servers keep `compute_s`. 0 (the default): not
+            known, or `compute_s` was measured with the fused update.
 
     Example:
         ```python
@@ -288,6 +299,7 @@ class Workload:
     name: str = ""
     shapes_known: bool = True
     precision: str = "float32"
+    update_saving_s: float = 0.0
 
     def __post_init__(self):
         shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
@@ -302,6 +314,10 @@ class Workload:
         check_int("boundary_bytes", self.boundary_bytes, 0)
         check_number("backward_share", self.backward_share, 0, 1)
         check_choice("precision", self.precision, PRECISIONS)
+        check_number("update_saving_s", self.update_saving_s, 0)
+        if self.update_saving_s > self.compute_s:
+            raise ValueError(f"`update_saving_s` ({self.update_saving_s:g} s) cannot exceed "
+                             f"`compute_s` ({self.compute_s:g} s), the step it is part of")
 
     @classmethod
     def from_parameters(cls, parameters: int, compute_s: float, **kwargs) -> Workload:
@@ -422,6 +438,7 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {"workload": {"name": self.workload.name, "parameters": self.workload.parameters,
                              "compute_s": self.workload.compute_s,
+                             "update_saving_s": self.workload.update_saving_s,
                              "optimizer_slots": self.workload.optimizer_slots,
                              "precision": self.workload.precision},
                 "cluster": dataclasses.asdict(self.cluster),
@@ -485,6 +502,8 @@ class _Pricer:
     def estimate(self, algorithm, label, *, exchange=0.0, compressor=0.0, bubble=0.0, wire=0.0,
                  calls=0.0, memory=None, factor=None, note="") -> Estimate:
         compute = self.w.compute_s
+        if algorithm.split(":")[0] in FUSED_UPDATE:
+            compute -= self.w.update_saving_s
         return Estimate(algorithm, label, compute + exchange + compressor + bubble, compute,
                         exchange, compressor, bubble, wire, calls,
                         memory or self.dense_memory(), factor, note)

@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--compute-ms", type=float, metavar="MS",
                       help="one worker's step with no exchange, in ms (default: measured here "
                            "on one device at the config's batch size)")
+    plan.add_argument("--update-saving-ms", type=float, metavar="MS",
+                      help="what tfdist's fused optimizer update saves of the compute step "
+                           "against the update it was measured with, in ms, e.g. Keras' update "
+                           "minus the fused one in `tfdist bench --suite overhead` (default: 0)")
     plan.add_argument("--batch", type=int, metavar="N",
                       help="examples per worker when measuring (default: the config's "
                            "data.global_batch_size; 32 for --model-file)")

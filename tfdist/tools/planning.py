@@ -123,8 +123,9 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
         if args.compute_ms is None:
             raise ValueError("--parameters needs --compute-ms: there is no model to measure "
                              "(or give a config or --model-file instead)")
-        return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3, **extra),
-                "given")
+        return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3,
+                                         update_saving_s=(args.update_saving_ms or 0.0) / 1e3,
+                                         **extra), "given")
     import keras
 
     import tfdist  # noqa: F401  (registers tfdist's classes: a saved model may use them)
@@ -148,7 +149,8 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     else:
         compute = measure_compute(model, optimizer, batch)
         how = f"measured on this machine's first device, batch {batch}"
-    return Workload.from_keras(model, compute, **extra), how
+    saving = (args.update_saving_ms or 0.0) / 1e3
+    return Workload.from_keras(model, compute, update_saving_s=saving, **extra), how
 
 
 def cluster(args, workers: int) -> Cluster:
@@ -173,7 +175,7 @@ def check(args) -> None:
     if args.stragglers:
         parse_stragglers(args.stragglers)
     cluster(args, 1)
-    for name in ("compute_ms", "latency_us"):
+    for name in ("compute_ms", "latency_us", "update_saving_ms"):
         value = getattr(args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 0")
@@ -199,6 +201,9 @@ def report(results: list[Plan], how: str, out=None, stragglers: Stragglers | Non
     mixed = ", mixed precision (float32 master copy)" if w.precision == "mixed" else ""
     print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter{mixed}, "
           f"compute {w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
+    if w.update_saving_s:
+        print(f"tfdist's fused update saves {w.update_saving_s * 1e3:,.1f} ms of it (dense, FP16, "
+              "PowerSGD, top-k and local SGD are priced without it)", file=out)
     print(f"calibration: {results[0].calibration.source}", file=out)
     for k, plan in enumerate(results):
         c = plan.cluster

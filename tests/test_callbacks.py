@@ -213,6 +213,12 @@ def test_a_step_timeline_sorts_ops_and_measures_exposed_communication():
                                           "communication": 10, "other": 1})
     assert t["exposed_communication_ms"] == pytest.approx(3)
     assert t["overlapped_communication_ms"] == pytest.approx(7)
+    # op time by kind and op type: the kernels' spans summed; the input pipeline's is outside
+    assert t["op_ms"] == {"forward": {"_MklMatMul": pytest.approx(2)},
+                          "backward": {"_MklMatMul": pytest.approx(8)},
+                          "update": {"ResourceApplyAdam": pytest.approx(2)},
+                          "communication": {"CollectiveReduceV2": pytest.approx(10)},
+                          "other": {"IsFinite": pytest.approx(1)}}
     assert t["backward_end_ms"] == pytest.approx(10)
     assert [c["start_ms"] for c in t["collectives"]] == pytest.approx([4, 9])
     # Horovod's ops are collectives; Keras' own update (no fused kernel) is the optimizer's

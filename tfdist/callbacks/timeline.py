@@ -10,7 +10,8 @@ kernel, a collective, from its start to its completion). Each op is sorted into 
 * `forward`: an op in the model's or the loss's name scope;
 * `other`: the rest (the wrapper's own work: packing, the non-finite check, counters).
 
-From these: each kind's busy time (the union of its ops' intervals), the collectives' time that
+From these: each kind's busy time (the union of its ops' intervals) and its op time by op type
+(the sum of its kernels' spans: where the op threads' time went), the collectives' time that
 no forward, backward or update op overlaps (the *exposed* communication: what a step waits for
 the network), the time they ran beside computation (overlapped), and when the backward pass
 ended. A bucketed all-reduce that starts during the backward pass shows as overlap.
@@ -109,6 +110,11 @@ def timeline_of(events, model_scope: str, optimizer_scopes: tuple[str, ...]) -> 
         if kind == "communication":
             collectives.append({"node": node, "op": op_type, "start_ms": (start - t0) * ms,
                                 "end_ms": (end - t0) * ms})
+    op_ms: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
+    for node, op_type, start, end, kind in kinded:
+        if end >= t0 and start <= t1:
+            spent = op_ms[kind]
+            spent[op_type] = spent.get(op_type, 0.0) + (min(end, t1) - max(start, t0)) * ms
     merged = {kind: _merged(spans) for kind, spans in kinds.items()}
     compute = _merged(span for kind in COMPUTE for span in merged[kind])
     communication = merged["communication"]
@@ -117,6 +123,10 @@ def timeline_of(events, model_scope: str, optimizer_scopes: tuple[str, ...]) -> 
     return {
         "span_ms": (t1 - t0) * ms,
         "busy_ms": {kind: _length(merged[kind]) * ms for kind in KINDS},
+        # each kind's op time by op type: the sum of its kernels' spans (ops on several
+        # threads at once add up), largest first
+        "op_ms": {kind: dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+                  for kind, spent in op_ms.items()},
         "communication_ms": _length(communication) * ms,
         "exposed_communication_ms": (_length(communication) - overlapped) * ms,
         "overlapped_communication_ms": overlapped * ms,

@@ -325,6 +325,15 @@ def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
     assert local["predicted_bytes"] == pytest.approx((22 + (steps - 22) // 8) * dense / steps)
     assert local["predicted_bytes"] == pytest.approx(measured["local_sgd"]["bytes_per_step"])
     assert "median error" in (tmp_path / "plan.md").read_text()
+    # The limit updates as tfdist does; Keras' own exchange adds Keras' update beyond the
+    # fused one, as the overhead suite's run in the calibration directory measured it
+    update = {u["variant"]: u["update_ms"] for u in json.loads(
+        Path(f"{data}/overhead.json").read_text())["update_rows"]
+        if u["model"] == "mlp" and u["optimizer"] == "adam"}
+    compute = {r["algorithm"]: r["compute_ms"] for r in rows}
+    limit = measured["limit"]["train_seconds"] / (measured["limit"]["steps"] - 1) * 1e3
+    assert compute["dense"] == compute["dense_horovod"] == pytest.approx(limit)
+    assert compute["dense_keras"] == pytest.approx(limit + update["keras"] - update["fused"])
 
 
 def test_the_bench_sets_the_prediction_beside_a_measured_models_run(tmp_path):
@@ -346,7 +355,11 @@ def test_the_bench_sets_the_prediction_beside_a_measured_models_run(tmp_path):
     for r in rows:
         run = measured[r["model"], r["bandwidth"], r["algorithm"]]
         assert r["measured_ms"] == pytest.approx(run["train_seconds"] / (run["steps"] - 1) * 1e3)
-        assert r["compute_ms"] == pytest.approx(run["limit_step_ms"])
+        # the limit updates as tfdist does: Keras' own exchange adds Keras' update of
+        # ResNet-50 beyond it (the overhead suite has no update of the encoder)
+        keras = r["algorithm"] == "dense_keras" and r["model"] == "resnet50"
+        assert (r["compute_ms"] > run["limit_step_ms"] + 1) == keras
+        assert r["compute_ms"] == pytest.approx(run["limit_step_ms"]) or keras
         if r["spec"] == "powersgd:2" or r["spec"] == "dense" and r["model"] == "resnet50":
             assert r["predicted_bytes"] == run["bytes_per_step"], (r["model"], r["algorithm"])
         if r["algorithm"] == "local_sgd":  # 12 steps: one round, after the 8th

@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "published figures")
     bench.add_argument("--calibrate", metavar="DIR",
                        help="plan: the collectives and compressors suites' JSON that calibrate "
-                            "the planner (e.g. docs/benchmarks/data)")
+                            "the planner, and the overhead suite's that prices Keras' own update "
+                            "(e.g. docs/benchmarks/data)")
     bench.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="comm: override the spec's job for every run (repeatable), e.g. "
                             "--set model.hidden=[256,256]")
@@ -165,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="one worker's step with no exchange, in ms (default: measured here "
                            "on one device at the config's batch size)")
     plan.add_argument("--update-saving-ms", type=float, metavar="MS",
-                      help="what tfdist's fused optimizer update saves of the compute step "
-                           "against the update it was measured with, in ms, e.g. Keras' update "
-                           "minus the fused one in `tfdist bench --suite overhead` (default: 0)")
+                      help="with --compute-ms measured with a per-variable update (Keras' "
+                           "own, another framework's): what tfdist's fused update saves of it, "
+                           "in ms, e.g. Keras' update minus the fused one in `tfdist bench "
+                           "--suite overhead` (default: 0; a step measured here is tfdist's)")
     plan.add_argument("--batch", type=int, metavar="N",
                       help="examples per worker when measuring (default: the config's "
                            "data.global_batch_size; 32 for --model-file)")

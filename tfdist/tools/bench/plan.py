@@ -5,7 +5,10 @@ algorithms, written under OUT/comm/), or reads a run of it (`--results comm.json
 predicts each run's step from the job's model and the run's own zero-communication limit (the
 compute step, measured in the same sweep): predicted and measured step time and bytes per
 worker per step side by side, with the error. `--calibrate DIR` adds the engine's and the
-compressors' own costs measured on the machine (`Calibration.from_results`).
+compressors' own costs measured on the machine (`Calibration.from_results`). The limit updates
+with tfdist's fused update, as every planned algorithm does but Keras' own exchange, whose
+compute adds what Keras' per-variable update takes beyond it (the overhead suite's run in the
+same directory, `overhead.json`).
 
 The measured step is the mean over the run's timed steps (the first, tracing, left out), which
 is what the planner predicts: for local SGD it spreads the averaging rounds over the steps.
@@ -58,6 +61,9 @@ ALGORITHMS = {
     "zero3": ("zero3", "tf.distribute"),
 }
 LIMIT = "limit"
+KERAS_DENSE = "dense_keras"  # Keras' own exchange, with Keras' own update
+# The overhead suite's compute-only update rows: Keras' update, and tfdist's fused one
+KERAS_UPDATE, FUSED_UPDATE = "keras", "fused"
 
 
 def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:
@@ -68,6 +74,29 @@ def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:
     config = load_config(None, job)
     model = make_model(config, load_data(config))
     return tuple(tuple(v.shape) for v in model.trainable_variables)
+
+
+def job_optimizer(job: list[str]) -> str:
+    """The name of the job's optimizer (its config overrides)."""
+    from tfdist.tools.config import load_config
+
+    return load_config(None, job)["optimizer"]["name"]
+
+
+def keras_update_s(directory: str | None, model: str, optimizer: str) -> float:
+    """Seconds Keras' per-variable update of `model` with `optimizer` takes beyond tfdist's
+    fused one, which the zero-communication limit runs (the `single` engine updates with
+    `tfdist.DistributedOptimizer`): the overhead suite's compute-only updates in `directory`
+    (`overhead.json`, `tfdist bench --suite overhead`); 0 where they are not there."""
+    path = Path(directory) / "overhead.json" if directory else None
+    if path is None or not path.exists():
+        return 0.0
+    ms = {r["variant"]: r["update_ms"]
+          for r in json.loads(path.read_text()).get("update_rows", [])
+          if r["model"] == model and r["optimizer"] == optimizer}
+    if KERAS_UPDATE not in ms or FUSED_UPDATE not in ms:
+        return 0.0
+    return max(ms[KERAS_UPDATE] - ms[FUSED_UPDATE], 0.0) / 1e3
 
 
 def shared_machine(calibration: Calibration | None, hosts: int,
@@ -100,13 +129,16 @@ def shared_machine(calibration: Calibration | None, hosts: int,
 
 def compare(results: dict[str, Any], shapes, calibrate: str | None,
             limits: dict[tuple[int, str], float] | None = None,
-            overrides: dict[str, list[str]] | None = None) -> list[dict]:
+            overrides: dict[str, list[str]] | None = None, model: str = "mlp") -> list[dict]:
     """Predicted against measured, one row per run of a planned algorithm whose hosts and
     link have a zero-communication limit (`limits`, seconds; default: the limit runs in
     `results`); calibrated from the JSON in directory `calibrate` (or not at all), at the run's
     number of processes where the collectives were measured so, and for the hosts sharing the
-    machine's cores (`shared_machine`). Local SGD's synchronous warm-up is read from its config,
-    the run's job and the algorithm's own `overrides` (default: configs/bench/comm.yaml's)."""
+    machine's cores (`shared_machine`). The limit updates as tfdist does; Keras' own exchange
+    adds what Keras' update of `model` (the overhead suite's name for it) takes beyond that,
+    where `calibrate` holds an overhead suite's run (`keras_update_s`). Local SGD's synchronous
+    warm-up is read from its config, the run's job and the algorithm's own `overrides`
+    (default: configs/bench/comm.yaml's)."""
     if limits is None:
         limits = {(r["hosts"], r["bandwidth"]): mean_step_s(r) for r in results["rows"]
                   if r["algorithm"] == LIMIT}
@@ -114,6 +146,7 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None,
         overrides = algorithm_overrides("comm.yaml")
     cores = cores_of(results.get("machine", ""))
     calibrations: dict[tuple[str, int], Calibration | None] = {}  # (engine, hosts) -> scaled
+    keras_update = keras_update_s(calibrate, model, job_optimizer(results["job"]))
     rows = []
     for r in results["rows"]:
         where = (r["hosts"], r["bandwidth"])
@@ -127,7 +160,8 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None,
                 r["hosts"], cores)
         calibration = calibrations[engine, r["hosts"]]
         synchronous = 0
-        estimate, dense = (predict(Workload(shapes, limits[where]), cluster, [name],
+        compute = limits[where] + (keras_update if r["algorithm"] == KERAS_DENSE else 0.0)
+        estimate, dense = (predict(Workload(shapes, compute), cluster, [name],
                                    calibration=calibration).estimates[0]
                            for name in (spec, "dense"))
         step_s, wire = estimate.step_s, estimate.wire_bytes
@@ -140,7 +174,7 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None,
         rows.append({"hosts": r["hosts"], "bandwidth": r["bandwidth"],
                      "algorithm": r["algorithm"], "label": r["label"],
                      "spec": spec + (f" after {synchronous} dense steps" if synchronous else ""),
-                     "engine": engine, "compute_ms": limits[where] * 1e3,
+                     "engine": engine, "compute_ms": compute * 1e3,
                      "calibration": calibration.source if calibration else "none",
                      "predicted_ms": step_s * 1e3, "measured_ms": measured * 1e3,
                      "step_error": step_s / measured - 1,
@@ -162,7 +196,7 @@ def compare_models(data: dict[str, Any], calibrate: str | None) -> list[dict]:
         limits = {(r["hosts"], r["bandwidth"]): r["limit_step_ms"] / 1e3 for r in mine
                   if r.get("limit_step_ms")}
         part = compare({**data, "rows": mine, "job": model["job"]}, job_shapes(model["job"]),
-                       calibrate, limits, overrides)
+                       calibrate, limits, overrides, model=name)
         rows += [{"model": name, **r} for r in part]
     return rows
 

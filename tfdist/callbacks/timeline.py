@@ -101,20 +101,17 @@ def timeline_of(events, model_scope: str, optimizer_scopes: tuple[str, ...]) -> 
     t0, t1 = min(s for s, _ in step), max(e for _, e in step)
     ms = 1e-6
     kinds: dict[str, list[tuple[int, int]]] = {kind: [] for kind in KINDS}
+    op_ms: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
     collectives = []
     for node, op_type, start, end, kind in kinded:
         if end < t0 or start > t1:
             continue
         start, end = max(start, t0), min(end, t1)
         kinds[kind].append((start, end))
+        op_ms[kind][op_type] = op_ms[kind].get(op_type, 0.0) + (end - start) * ms
         if kind == "communication":
             collectives.append({"node": node, "op": op_type, "start_ms": (start - t0) * ms,
                                 "end_ms": (end - t0) * ms})
-    op_ms: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
-    for node, op_type, start, end, kind in kinded:
-        if end >= t0 and start <= t1:
-            spent = op_ms[kind]
-            spent[op_type] = spent.get(op_type, 0.0) + (min(end, t1) - max(start, t0)) * ms
     merged = {kind: _merged(spans) for kind, spans in kinds.items()}
     compute = _merged(span for kind in COMPUTE for span in merged[kind])
     communication = merged["communication"]

@@ -120,16 +120,16 @@ def measure_compute(model, optimizer, batch: int, steps: int = 8) -> float:
 
 def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     """The workload `args` describe, and how its compute time was found."""
-    extra: dict[str, Any] = {"precision": args.precision}
+    extra: dict[str, Any] = {"precision": args.precision,
+                             "update_saving_s": (args.update_saving_ms or 0.0) / 1e3}
     if args.optimizer_slots is not None:
         extra["optimizer_slots"] = args.optimizer_slots
     if args.parameters is not None:
         if args.compute_ms is None:
             raise ValueError("--parameters needs --compute-ms: there is no model to measure "
                              "(or give a config or --model-file instead)")
-        return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3,
-                                         update_saving_s=(args.update_saving_ms or 0.0) / 1e3,
-                                         **extra), "given")
+        return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3, **extra),
+                "given")
     import keras
 
     import tfdist  # noqa: F401  (registers tfdist's classes: a saved model may use them)
@@ -153,8 +153,7 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     else:
         compute = measure_compute(model, optimizer, batch)
         how = f"measured on this machine's first device, batch {batch}, tfdist's fused update"
-    saving = (args.update_saving_ms or 0.0) / 1e3
-    return Workload.from_keras(model, compute, update_saving_s=saving, **extra), how
+    return Workload.from_keras(model, compute, **extra), how
 
 
 def cluster(args, workers: int) -> Cluster:

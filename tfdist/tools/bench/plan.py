@@ -63,7 +63,7 @@ ALGORITHMS = {
 LIMIT = "limit"
 KERAS_DENSE = "dense_keras"  # Keras' own exchange, with Keras' own update
 # The overhead suite's compute-only update rows: Keras' update, and tfdist's fused one
-KERAS_UPDATE, FUSED_UPDATE = "keras", "fused"
+KERAS_VARIANT, FUSED_VARIANT = "keras", "fused"
 
 
 def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:
@@ -94,9 +94,9 @@ def keras_update_s(directory: str | None, model: str, optimizer: str) -> float:
     ms = {r["variant"]: r["update_ms"]
           for r in json.loads(path.read_text()).get("update_rows", [])
           if r["model"] == model and r["optimizer"] == optimizer}
-    if KERAS_UPDATE not in ms or FUSED_UPDATE not in ms:
+    if KERAS_VARIANT not in ms or FUSED_VARIANT not in ms:
         return 0.0
-    return max(ms[KERAS_UPDATE] - ms[FUSED_UPDATE], 0.0) / 1e3
+    return max(ms[KERAS_VARIANT] - ms[FUSED_VARIANT], 0.0) / 1e3
 
 
 def shared_machine(calibration: Calibration | None, hosts: int,

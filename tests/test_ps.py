@@ -757,6 +757,29 @@ def test_a_task_whose_main_thread_never_returns_ends_by_the_notices_deadline():
     assert "termination notice: exiting with 76" in out
 
 
+_FINISHING = """
+import signal, time
+from tfdist.tools import epilogue, ps_notices
+ps_notices.DEADLINE = 1.0
+ps_notices.listen(["SIGTERM"], raising=True)
+epilogue.begin(["SIGTERM"])  # a server whose serving loop ended
+signal.raise_signal(signal.SIGTERM)
+time.sleep(3 * ps_notices.DEADLINE)
+print("finished", flush=True)
+"""
+
+
+def test_a_notice_after_a_tasks_training_neither_raises_nor_starts_the_deadline():
+    """Once a parameter-server task's training is over, a notice is said and the task runs on
+    to its end: no `Notice` raised outside the serving loop, no deadline exit with 76."""
+    done = subprocess.run([sys.executable, "-c", _FINISHING], cwd=ROOT, env=worker_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith("finished\n")
+    assert "SIGTERM received after training ended: finishing the run" in done.stderr
+    assert "still running" not in done.stderr
+
+
 def test_the_ps_engine_has_no_collectives_between_workers():
     engine = tfdist.ps.ParameterServerEngine(Cluster(("h:1",), ("h:2", "h:3"), "worker", 1))
     assert (engine.world_size, engine.process_index, engine.is_chief) == (2, 1, False)

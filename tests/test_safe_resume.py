@@ -161,6 +161,23 @@ def test_a_kill_at_the_end_of_a_run_loses_nothing_and_retrains_nothing(tmp_path,
     assert not (out / "backup").exists()
 
 
+@pytest.mark.parametrize("point", ["trained", "ended"])
+def test_a_notice_once_training_is_over_lets_the_run_finish(tmp_path, straight, point):
+    """A SIGTERM after the last step (before the test evaluation and model.keras) or as the
+    process exits: the run finishes as one never noticed and exits 0, not killed (143) with its
+    model unsaved or preempted (76) with nothing to resume."""
+    out = tmp_path / "run"
+    done = _train(out, env={**worker_env(), "TFDIST_NOTICE_AT": point})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = "[tfdist] SIGTERM received after training ended: finishing the run"
+    assert (said in done.stderr) == (point == "trained"), done.stderr[-3000:]
+    summary, weights = _finished(out)
+    assert summary["resumed_from_step"] is None
+    assert summary["final_train_loss"] == pytest.approx(straight[0]["final_train_loss"])
+    _same_weights(straight[1], weights)
+    assert not (out / "backup").exists()
+
+
 def test_nan_policy_skip_from_the_config_trains_past_a_nan_example(tmp_path):
     """One training example is NaN: with optimizer.nan_policy=skip the run trains its whole
     epoch, skips the step that holds it (counted in summary.json) and ends with finite weights;

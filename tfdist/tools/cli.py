@@ -258,10 +258,13 @@ def cmd_train(args) -> int:
     try:
         with loading(args.verbose):  # the schema first: TensorFlow loads only past it
             config = load_config(path, args.set)
+            from tfdist.tools import epilogue
             from tfdist.tools.runner import train
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
+
+    epilogue.last_run()  # a notice as this process exits finds the run over (exit 0)
 
     try:
         summary = train(config)

@@ -40,6 +40,7 @@ NOTICE_WAIT = 10.0
 
 NOTICED = threading.Event()
 LISTENING = threading.Event()  # this process answers notices (`listen` installed its handlers)
+FINISHING = threading.Event()  # training is over: a notice no longer ends the task (epilogue)
 _watching = threading.Lock()  # held once the deadline's watcher runs (one per process)
 
 
@@ -71,8 +72,9 @@ def listen(signals: list[str], raising: bool) -> None:
 
 
 def _watch(read: int, numbers: set[int]) -> None:
-    """Waits for a notice's signal number on the wakeup pipe, then `DEADLINE` seconds."""
-    while not any(number in numbers for number in os.read(read, 64)):
+    """Waits for a notice's signal number on the wakeup pipe (one before the training ended),
+    then `DEADLINE` seconds."""
+    while not any(number in numbers for number in os.read(read, 64)) or FINISHING.is_set():
         pass
     NOTICED.set()
     time.sleep(DEADLINE)

@@ -69,6 +69,7 @@ from tfdist.ps import (
 from tfdist.ps.checkpoint import WorkerCheckpoint
 from tfdist.ps.optimizer import SERVER_GONE, write_report
 from tfdist.ps.server import JOB_OVER
+from tfdist.tools import epilogue
 from tfdist.tools import ps_notices as notices
 from tfdist.tools.config import ConfigError, make_offload, make_parts, metrics_of
 from tfdist.tools.cpu_load import MachineLoad
@@ -565,7 +566,8 @@ def _startup(started: float, timer: StepTimer) -> dict[str, float | None]:
 def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Trains as `config` says; returns the run summary, which the chief also writes, with the
     model and the config, to the run directory (`summary["run_dir"]`). A parameter-server worker
-    that comes back after the job finished without it returns {"job_over": True}."""
+    that comes back after the job finished without it returns {"job_over": True}. A notice once
+    training is over lets the run finish (`tfdist.tools.epilogue`)."""
     try:
         return _train(config, progress)
     except tf.errors.OpError as e:
@@ -579,6 +581,9 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         said = re.search(re.escape(JOB_OVER) + r".*?\(update \d+\)", str(e))
         print(f"{said.group(0) if said else JOB_OVER}; exiting", flush=True)
         return {"job_over": True}
+    finally:
+        epilogue.end()
+        _fault_point("ended")
 
 
 def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
@@ -693,6 +698,7 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
                             verbose=_verbosity(config, job, progress), callbacks=callbacks)
     except BackupError as e:
         raise ConfigError(f"{e} (train.output_dir holds the backups)") from None
+    epilogue.begin(config["train"]["preemption_signals"])
     _fault_point("trained")
     # The last epoch's logs; a run resumed at its end trains nothing: the backup's.
     last_logs = ({k: v[-1] for k, v in history.history.items() if v} or
@@ -840,6 +846,7 @@ def _serve(config: dict[str, Any], job: Job) -> dict[str, Any]:
     _on_notice(config, raising=True)
     try:
         report = _serve_until_done(model, config, cluster, scale, every)
+        epilogue.begin(config["train"]["preemption_signals"])  # inside: a Notice just before
     except notices.Notice:
         notices.exit_preempted()
     if every:  # the last task out removes train.output_dir/backup
@@ -932,9 +939,12 @@ def _requeue(step: int) -> None:
 
 def _fault_point(point: str) -> None:
     """Fault injection for the tests of the end of a run: TFDIST_KILL_AT=<point> SIGKILLs
-    this process there ("trained", "saved_model", "finished")."""
+    this process there ("trained", "saved_model", "finished"); TFDIST_NOTICE_AT=<point> sends
+    it a SIGTERM there (a termination notice; also "ended", as `train` returns)."""
     if os.environ.get("TFDIST_KILL_AT") == point:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("TFDIST_NOTICE_AT") == point:
+        signal.raise_signal(signal.SIGTERM)
 
 
 # Config keys a resumed run may change: they decide neither the data order nor the state.

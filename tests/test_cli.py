@@ -578,6 +578,18 @@ def test_a_run_stopped_by_non_finite_gradients_says_so_in_one_line(tmp_path, cap
     assert "optimizer.nan_policy=skip" in err and "Traceback" not in err
 
 
+def test_a_run_out_of_memory_says_so_in_one_line(tmp_path):
+    """A model whose 8192 x 8192 kernel (256 MB) outgrows the memory TensorFlow may use (a
+    64 MB ceiling on its CPU pool) stops with a line naming the tensor and what to lower."""
+    env = {**worker_env(), "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "64"}
+    out = _run(["train", "--set", f"train.output_dir={tmp_path}", "--set", "engine.name=single",
+                "--set", "model.hidden=[8192, 8192]", "--set", "train.epochs=1"], env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "tfdist train: out of memory: a float tensor of shape [" in out.stderr, out.stderr
+    assert "8192] did not fit on CPU:0" in out.stderr and "data.global_batch_size" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 QUIET_PROGRAM = """
 import tfdist
 import keras

@@ -271,8 +271,8 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 (only the non-finite stop is said in a line)
-        stop = _non_finite_stop(e)
+    except Exception as e:  # noqa: BLE001 (only the non-finite and memory stops are said in a line)
+        stop = _non_finite_stop(e) or _out_of_memory_stop(e)
         if stop is None:
             raise
         print(f"tfdist train: {stop}", file=sys.stderr)
@@ -297,6 +297,24 @@ def _non_finite_stop(error: Exception) -> str | None:
             "(optimizer.nan_policy 'raise'). Look for inf/NaN in the data, lower "
             "optimizer.learning_rate, or set optimizer.nan_policy=skip to skip such steps; the "
             "backups, if any, are kept.")
+
+
+def _out_of_memory_stop(error: Exception) -> str | None:
+    """One line for a run whose tensors did not fit in the device's memory (TensorFlow's
+    ResourceExhaustedError "OOM when allocating ..."), naming the tensor, else None."""
+    import re
+
+    text = str(error)
+    found = re.search(r"OOM when allocating tensor with shape\s*\[([\d, ]*)\] and type (\w+) on "
+                      r"(\S+)", text)
+    if found is None:
+        return None
+    shape = ", ".join(d.strip() for d in found.group(1).split(",") if d.strip())
+    device = found.group(3).rsplit("/device:", 1)[-1]
+    return (f"out of memory: a {found.group(2)} tensor of shape [{shape}] did not fit on "
+            f"{device}: stopped. Lower data.global_batch_size or the model's size, or shard "
+            "the training state over the workers (optimizer.zero_stage 1-3, "
+            "optimizer.offload); the backups, if any, are kept.")
 
 
 def _print_summary(s: dict) -> None:

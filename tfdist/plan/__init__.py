@@ -26,6 +26,7 @@ from tfdist.plan.planner import (
                                  Link,
                                  Plan,
                                  Workload,
+                                 embedding_rows,
                                  predict,
 )
 from tfdist.plan.simulate import (
@@ -35,5 +36,5 @@ from tfdist.plan.simulate import (
 )
 
 __all__ = ["DEFAULT_ALGORITHMS", "SPEC_HELP", "STEPS_FACTORS", "Calibration", "Cluster",
-           "Estimate", "Link", "Plan", "Simulation", "Stragglers", "Workload", "predict",
-           "simulate"]
+           "Estimate", "Link", "Plan", "Simulation", "Stragglers", "Workload",
+           "embedding_rows", "predict", "simulate"]

@@ -280,6 +280,14 @@ class Workload:
             (dense, FP16, PowerSGD, top-k, local SGD) price their compute without it; ZeRO,
             the pipeline and the parameter servers keep `compute_s`. 0 (the default): not
             known, or `compute_s` was measured with the fused update.
+        sparse_rows: For each variable in `shapes`' order, the rows its gradient holds when it
+            comes as rows (`tf.IndexedSlices`: an embedding table, one row per id a worker's
+            batch looks up, repeats included), 0 for a dense gradient; empty (the default):
+            every gradient dense. The dense exchange all-gathers such rows with their int32
+            indices, what each worker holds, instead of all-reducing the table
+            (`tfdist.comm.sparse_all_reduce`); the compressors, local SGD, ZeRO, the pipeline
+            and the servers send the whole table. `from_keras(model, ..., batch=B)` counts
+            them.
 
     Example:
         ```python
@@ -300,6 +308,7 @@ class Workload:
     shapes_known: bool = True
     precision: str = "float32"
     update_saving_s: float = 0.0
+    sparse_rows: tuple[int, ...] = ()
 
     def __post_init__(self):
         shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
@@ -315,6 +324,12 @@ class Workload:
         check_number("backward_share", self.backward_share, 0, 1)
         check_choice("precision", self.precision, PRECISIONS)
         check_number("update_saving_s", self.update_saving_s, 0)
+        self.sparse_rows = tuple(int(r) for r in self.sparse_rows)
+        if self.sparse_rows and (len(self.sparse_rows) != len(shapes)
+                                 or any(r < 0 for r in self.sparse_rows)):
+            raise ValueError(f"`sparse_rows` must give one row count >= 0 per shape "
+                             f"({len(shapes)}), 0 for a dense gradient, or be empty. Received: "
+                             f"sparse_rows={self.sparse_rows!r}")
         if self.update_saving_s > self.compute_s:
             raise ValueError(f"`update_saving_s` ({self.update_saving_s:g} s) cannot exceed "
                              f"`compute_s` ({self.compute_s:g} s), the step it is part of")
@@ -327,10 +342,15 @@ class Workload:
         return cls(((parameters,),), compute_s, shapes_known=False, **kwargs)
 
     @classmethod
-    def from_keras(cls, model, compute_s: float, **kwargs) -> Workload:
-        """The trainable shapes of a built Keras model."""
+    def from_keras(cls, model, compute_s: float, batch: int | None = None,
+                   **kwargs) -> Workload:
+        """The trainable shapes of a built Keras model; with `batch` (the examples of one
+        worker's step), its embeddings' gradients as the rows that batch looks up
+        (`embedding_rows`)."""
         shapes = tuple(tuple(v.shape) for v in model.trainable_variables)
         kwargs.setdefault("name", model.name)
+        if batch is not None:
+            kwargs.setdefault("sparse_rows", embedding_rows(model, check_int("batch", batch, 1)))
         return cls(shapes, compute_s, **kwargs)
 
     @property
@@ -342,10 +362,44 @@ class Workload:
         return sum(self.sizes)
 
     @property
+    def rows(self) -> tuple[int, ...]:
+        """`sparse_rows`, one count per shape (0: dense)."""
+        return self.sparse_rows or (0,) * len(self.shapes)
+
+    @property
     def weighted_layers(self) -> int:
         if self.layers is not None:
             return self.layers
         return max(1, sum(1 for s in self.shapes if len(s) >= 2))
+
+
+def embedding_rows(model, batch: int) -> tuple[int, ...]:
+    """For each of a built Keras model's trainable variables, the rows of its gradient when it
+    comes as rows: an `Embedding`'s table, `batch` times the ids one example looks up (its
+    input's size, where the functional graph fixes it); 0 for every other variable.
+
+    Example:
+        ```python
+        inputs = keras.Input((6,), dtype="int32")
+        outputs = keras.layers.Dense(2)(keras.layers.Embedding(50, 4)(inputs))
+        model = keras.Model(inputs, outputs)
+        assert tfdist.plan.embedding_rows(model, 8) == (48, 0, 0)  # table, kernel, bias
+        ```
+    """
+    import keras
+
+    from tfdist._hooks.variables import nested_layers
+
+    per_example = {}
+    for layer in nested_layers(model):
+        if isinstance(layer, keras.layers.Embedding):
+            try:
+                dims = layer.input.shape[1:]
+            except (AttributeError, ValueError):  # not called in a functional graph
+                continue
+            if all(d is not None for d in dims):
+                per_example[id(layer.embeddings)] = math.prod(dims)
+    return tuple(batch * per_example.get(id(v), 0) for v in model.trainable_variables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -510,14 +564,23 @@ class _Pricer:
 
 
 def _dense(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
-    calls = pr.buckets(pr.grad_bytes)
-    seconds, wire = pr.collective("all_reduce", pr.grad_bytes, calls)
+    # the dense gradients in buckets; each embedding's rows, with their int32 indices, in one
+    # all-gather (float16 rows travel apart from their indices: two)
+    dense = pr.value * sum(size for size, rows in zip(pr.w.sizes, pr.w.rows) if not rows)
+    calls = pr.buckets(dense) if dense else 0
+    seconds, wire = pr.collective("all_reduce", dense, calls) if dense else (0.0, 0.0)
+    for shape, rows in zip(pr.w.shapes, pr.w.rows):
+        if rows:
+            row = pr.value * math.prod(shape[1:])
+            gather_calls = 1 if pr.value == FLOAT else 2
+            s, b = pr.collective("all_gather", rows * (row + FLOAT), gather_calls)
+            seconds, wire, calls = seconds + s, wire + b, calls + gather_calls
     if spec == "dense":
         return pr.estimate(spec, "dense all-reduce",
                            exchange=seconds, wire=wire, calls=calls,
                            factor=STEPS_FACTORS["dense"])
     hidden = pr.w.backward_share * pr.w.compute_s
-    exposed = max(seconds - hidden, seconds / calls)  # never the last bucket
+    exposed = max(seconds - hidden, seconds / max(calls, 1))  # never the last bucket
     return pr.estimate(spec, "dense all-reduce, overlapped (DDP-style)", exchange=exposed, wire=wire,
                        calls=calls, factor=STEPS_FACTORS["dense"],
                        note="the backward pass hides all but the last bucket, as DDP and Horovod's own "

@@ -153,7 +153,7 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     else:
         compute = measure_compute(model, optimizer, batch)
         how = f"measured on this machine's first device, batch {batch}, tfdist's fused update"
-    return Workload.from_keras(model, compute, **extra), how
+    return Workload.from_keras(model, compute, batch=batch, **extra), how
 
 
 def cluster(args, workers: int) -> Cluster:

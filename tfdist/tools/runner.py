@@ -36,7 +36,6 @@ import yaml
 
 import tfdist
 from tfdist import compression
-from tfdist._hooks.variables import nested_layers
 from tfdist.callbacks import (
     BackupAndRestore,
     BackupError,
@@ -60,6 +59,7 @@ from tfdist.data import (
 )
 from tfdist.optimizers import AutoExchange, DistributedOptimizer, chain_of
 from tfdist.optimizers.nan_policy import NanPolicy
+from tfdist.plan import embedding_rows
 from tfdist.ps import (
     FinishCallback,
     HogwildSGD,
@@ -403,27 +403,18 @@ def keras_exchange(model: keras.Model, replica_batch: int, world_size: int) -> t
     call's) times the replica's batch."""
     if world_size <= 1:
         return 0.0, 0
-    rows = {id(layer.embeddings): (replica_batch * int(np.prod(layer.input.shape[1:])))
-            for layer in nested_layers(model)
-            if isinstance(layer, keras.layers.Embedding) and _static_input(layer)}
     dense, gathered, calls = 0, 0.0, 0
-    for v in model.trainable_weights:
+    for v, rows in zip(model.trainable_variables, embedding_rows(model, replica_batch),
+                       strict=True):
         size = int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-        if id(v) in rows:
+        if rows:
             row_bytes = size // v.shape[0] + 4
-            gathered += ring_bytes("all_gather", rows[id(v)] * row_bytes + 4, world_size)
+            gathered += ring_bytes("all_gather", rows * row_bytes + 4, world_size)
             calls += 3
         else:
             dense += size
     calls += int(dense > 0)
     return ring_bytes("all_reduce", dense, world_size) + gathered, calls
-
-
-def _static_input(layer: keras.Layer) -> bool:
-    try:
-        return all(d is not None for d in layer.input.shape[1:])
-    except (AttributeError, ValueError):  # not called yet, or not in a functional graph
-        return False
 
 
 # -- the optimizer -----------------------------------------------------------------------------------

@@ -66,14 +66,35 @@ KERAS_DENSE = "dense_keras"  # Keras' own exchange, with Keras' own update
 KERAS_VARIANT, FUSED_VARIANT = "keras", "fused"
 
 
-def job_shapes(job: list[str]) -> tuple[tuple[int, ...], ...]:
-    """The trainable shapes of the comm suite's job (its config overrides)."""
+@dataclasses.dataclass(frozen=True)
+class JobModel:
+    """A bench job's model as the planner needs it: the trainable shapes, the ids each
+    variable's gradient rows come from per example (an embedding's lookups; 0: dense) and the
+    job's global batch (which a suite may set per run instead)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    lookups: tuple[int, ...]
+    global_batch: int
+
+    def workload(self, compute_s: float, hosts: int,
+                 per_worker_batch: int | None = None) -> Workload:
+        """One worker's share on `hosts` hosts, at `per_worker_batch` examples (default: the
+        job's global batch over the hosts)."""
+        batch = per_worker_batch or self.global_batch // hosts
+        return Workload(self.shapes, compute_s,
+                        sparse_rows=tuple(batch * k for k in self.lookups))
+
+
+def job_model(job: list[str]) -> JobModel:
+    """The model of a bench suite's job (its config overrides)."""
+    from tfdist.plan import embedding_rows
     from tfdist.tools.config import load_config
     from tfdist.tools.runner import load_data, make_model
 
     config = load_config(None, job)
     model = make_model(config, load_data(config))
-    return tuple(tuple(v.shape) for v in model.trainable_variables)
+    return JobModel(tuple(tuple(v.shape) for v in model.trainable_variables),
+                    embedding_rows(model, 1), config["data"]["global_batch_size"])
 
 
 def job_optimizer(job: list[str]) -> str:
@@ -127,9 +148,10 @@ def shared_machine(calibration: Calibration | None, hosts: int,
                f"x{engine:g}, the compressors' x{compressor:g}")
 
 
-def compare(results: dict[str, Any], shapes, calibrate: str | None,
+def compare(results: dict[str, Any], job: JobModel, calibrate: str | None,
             limits: dict[tuple[int, str], float] | None = None,
-            overrides: dict[str, list[str]] | None = None, model: str = "mlp") -> list[dict]:
+            overrides: dict[str, list[str]] | None = None, model: str = "mlp",
+            per_worker_batch: int | None = None) -> list[dict]:
     """Predicted against measured, one row per run of a planned algorithm whose hosts and
     link have a zero-communication limit (`limits`, seconds; default: the limit runs in
     `results`); calibrated from the JSON in directory `calibrate` (or not at all), at the run's
@@ -138,7 +160,8 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None,
     adds what Keras' update of `model` (the overhead suite's name for it) takes beyond that,
     where `calibrate` holds an overhead suite's run (`keras_update_s`). Local SGD's synchronous
     warm-up is read from its config, the run's job and the algorithm's own `overrides`
-    (default: configs/bench/comm.yaml's)."""
+    (default: configs/bench/comm.yaml's). A worker's batch, which sets an embedding's rows,
+    is `per_worker_batch` (a models suite's) or the job's global batch over the hosts."""
     if limits is None:
         limits = {(r["hosts"], r["bandwidth"]): mean_step_s(r) for r in results["rows"]
                   if r["algorithm"] == LIMIT}
@@ -161,7 +184,8 @@ def compare(results: dict[str, Any], shapes, calibrate: str | None,
         calibration = calibrations[engine, r["hosts"]]
         synchronous = 0
         compute = limits[where] + (keras_update if r["algorithm"] == KERAS_DENSE else 0.0)
-        estimate, dense = (predict(Workload(shapes, compute), cluster, [name],
+        work = job.workload(compute, r["hosts"], per_worker_batch)
+        estimate, dense = (predict(work, cluster, [name],
                                    calibration=calibration).estimates[0]
                            for name in (spec, "dense"))
         step_s, wire = estimate.step_s, estimate.wire_bytes
@@ -195,8 +219,9 @@ def compare_models(data: dict[str, Any], calibrate: str | None) -> list[dict]:
         mine = [r for r in data["rows"] if r.get("model") == name]
         limits = {(r["hosts"], r["bandwidth"]): r["limit_step_ms"] / 1e3 for r in mine
                   if r.get("limit_step_ms")}
-        part = compare({**data, "rows": mine, "job": model["job"]}, job_shapes(model["job"]),
-                       calibrate, limits, overrides, model=name)
+        part = compare({**data, "rows": mine, "job": model["job"]}, job_model(model["job"]),
+                       calibrate, limits, overrides, model=name,
+                       per_worker_batch=model.get("per_worker_batch"))
         rows += [{"model": name, **r} for r in part]
     return rows
 
@@ -576,7 +601,7 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                 f"{data['date']}, {data['machine']}).")
     else:
         rows = (compare_models(data, calibrate) if "models" in data  # a models suite's run
-                else compare(data, job_shapes(data["job"]), calibrate))
+                else compare(data, job_model(data["job"]), calibrate))
         sources = dict.fromkeys(r["calibration"] for r in rows)
         head = (f"Predicted by `tfdist.plan` for `{data['command']}` (measured {data['date']}, "
                 f"{data['machine']}); calibration: {'; '.join(sources) or 'none'}.")

@@ -92,6 +92,23 @@ def test_an_embeddings_planned_rows_are_the_bytes_the_library_counts(mirrored):
     assert rows.calls == table.calls + 1  # the rows' own all-gather
 
 
+def test_rows_are_planned_as_the_table_where_the_table_sends_less():
+    """Each worker's rows reach the N - 1 others: 1,024 rows of 256 floats (the models suite's
+    encoder at 16 tokens x 64) against its 8,192 x 256 table cost less up to 8 workers, more
+    from 16. The planner prices what the exchange then sends (`gathers_rows`, as it does)."""
+    from tfdist.plan.costs import gathers_rows, ring_bytes
+
+    table, row = 4 * 8192 * 256, 4 * 256
+    assert gathers_rows(1024, row, table, 8) and not gathers_rows(1024, row, table, 16)
+    assert gathers_rows(None, row, table, 1024)  # not known when traced: rows
+    work = Workload(((8192, 256), (256,)), 0.0, sparse_rows=(1024, 0))
+    for n in (8, 16, 1024):
+        (e,) = predict(work, Cluster(n, Link(1.0)), ["dense"]).estimates
+        rows = ring_bytes("all_gather", 1024 * (row + 4), n) + ring_bytes("all_reduce", 4 * 256, n)
+        whole = ring_bytes("all_reduce", table + 4 * 256, n)
+        assert e.wire_bytes == pytest.approx(min(rows, whole), rel=1e-12), n
+
+
 def test_bad_row_counts_are_refused_by_name():
     with pytest.raises(ValueError, match="sparse_rows"):
         Workload(((10, 4), (4,)), 0.0, sparse_rows=(3,))

@@ -14,27 +14,28 @@ from tfdist.tools.bench.compressors import LoopbackCommunicator
 VOCAB, DIM, TOKENS, CLASSES, BATCH, STEPS = 1000, 16, 12, 5, 32, 8
 
 
-def _data():
+def _data(vocab=VOCAB):
     rng = np.random.default_rng(0)
-    return (rng.integers(0, VOCAB, size=(BATCH * STEPS, TOKENS)),
+    return (rng.integers(0, vocab, size=(BATCH * STEPS, TOKENS)),
             rng.integers(0, CLASSES, size=(BATCH * STEPS,)))
 
 
-def _build() -> keras.Model:
+def _build(vocab=VOCAB) -> keras.Model:
     keras.utils.set_random_seed(3)
     inputs = keras.Input((TOKENS,), dtype="int32")
-    h = keras.layers.Embedding(VOCAB, DIM)(inputs)
+    h = keras.layers.Embedding(vocab, DIM)(inputs)
     h = keras.layers.GlobalAveragePooling1D()(h)
     return keras.Model(inputs, keras.layers.Dense(CLASSES)(h))
 
 
-def _fit(replicas, make_optimizer, drop_remainder=False):
+def _fit(replicas, make_optimizer, drop_remainder=False, vocab=VOCAB):
     strategy = tf.distribute.MirroredStrategy(common.cpu_devices(replicas))
     with strategy.scope():
-        model = _build()
+        model = _build(vocab)
         model.compile(optimizer=make_optimizer(),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    data = tf.data.Dataset.from_tensor_slices(_data()).batch(BATCH, drop_remainder=drop_remainder)
+    data = tf.data.Dataset.from_tensor_slices(_data(vocab)).batch(BATCH,
+                                                                   drop_remainder=drop_remainder)
     model.fit(data, epochs=1, steps_per_epoch=STEPS, verbose=0)
     return model
 
@@ -62,6 +63,25 @@ def test_rows_are_all_gathered_and_train_like_one_device(single, drop_remainder)
                 + ring_bytes("all_reduce", dense, 2))
     assert model.optimizer.bytes_sent == pytest.approx(STEPS * per_step)
     assert model.optimizer.bytes_sent < STEPS * ring_bytes("all_reduce", 4 * VOCAB * DIM, 2) / 4
+
+
+@pytest.mark.parametrize("drop_remainder", [True, False])  # static and unknown row counts
+def test_rows_that_would_send_more_than_the_table_go_as_the_table(drop_remainder):
+    """4 replicas each look up 8 x 12 rows of a 20-row table: gathered with their indices they
+    would send 3 x 96 x 68 bytes, the table's all-reduce 1.5 x 20 x 64. With the row count
+    known when traced the exchange all-reduces the table instead; unknown, it sends the rows.
+    Either way the weights equal one device's on the whole batch."""
+    vocab = 20
+    single = common.weights(_fit(1, _sgd, vocab=vocab))
+    model = _fit(4, lambda: tfdist.DistributedOptimizer(_sgd()), drop_remainder, vocab)
+    common.assert_weights_close(common.weights(model), single, rtol=1e-5, atol=1e-6)
+    head = 4 * (DIM * CLASSES + CLASSES)
+    table = ring_bytes("all_reduce", 4 * vocab * DIM + head, 4)
+    rows = (ring_bytes("all_gather", BATCH // 4 * TOKENS * (4 * DIM + 4), 4)
+            + ring_bytes("all_reduce", head, 4))
+    assert rows > table
+    assert model.optimizer.bytes_sent == pytest.approx(STEPS * (table if drop_remainder
+                                                                else rows))
 
 
 def test_parts_that_keep_gradients_per_replica_densify_them(single):

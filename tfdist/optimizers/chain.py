@@ -19,6 +19,7 @@ import tensorflow as tf
 from tfdist._hooks.optimizer import attachment
 from tfdist.comm import Engine, resolve
 from tfdist.optimizers.parts import Part, StepContext, Traffic, check_order, dense_gradient, run_chain
+from tfdist.plan.costs import gathers_rows
 
 P = TypeVar("P", bound=Part)
 REPLICAS_SUFFIX = ".replicas"  # a variable store's entry of every replica's copy: "<i>.replicas"
@@ -110,7 +111,8 @@ class Chain:
         sparse = self.sparse_exchange and engine.world_size > 1
         grads = list(grads)
         for i, (g, v) in enumerate(zip(grads, variables)):
-            if sparse and isinstance(g, tf.IndexedSlices):  # summed as rows by the exchange
+            if sparse and isinstance(g, tf.IndexedSlices) and _rows_pay(g, v, engine.world_size):
+                # summed as rows by the exchange
                 values = g.values if share is None else g.values * tf.cast(share, g.dtype)
                 grads[i] = tf.IndexedSlices(values, tf.cast(g.indices, tf.int32),
                                             dense_shape=tf.constant(v.shape.as_list(), tf.int64))
@@ -190,6 +192,14 @@ class Chain:
 
     def dense_bytes_per_exchange(self) -> float | None:
         return self.traffic.dense_bytes_per_exchange()
+
+
+def _rows_pay(grad: tf.IndexedSlices, variable, world_size: int) -> bool:
+    """Whether an embedding's gradient goes as its rows (`gathers_rows`): fewer bytes than the
+    whole table's all-reduce, or a row count unknown when traced."""
+    size = grad.values.dtype.size
+    row = size * int(np.prod(variable.shape[1:]))
+    return gathers_rows(grad.values.shape[0], row, row * int(variable.shape[0]), world_size)
 
 
 def chain_of(optimizer) -> Chain | None:

@@ -53,6 +53,19 @@ def link_seconds(calls, wire_bytes, latency_s, seconds_per_byte):
     return calls * latency_s + wire_bytes * seconds_per_byte
 
 
+def gathers_rows(rows: int | None, row_bytes: float, table_bytes: float,
+                 world_size: int) -> bool:
+    """Whether the dense exchange sends an embedding's gradient as rows: all-gathering each
+    worker's `rows` rows (`row_bytes` each, with a 4-byte index) sends fewer bytes than
+    all-reducing the whole table. Rows not known when traced (`None`) go as rows. Each worker's
+    rows reach the N - 1 others, so past a few workers the table is the cheaper: 1,024 rows of
+    256 floats against an 8,192 x 256 table, from 16 workers on."""
+    if rows is None:
+        return True
+    return (ring_bytes("all_gather", rows * (row_bytes + 4), world_size)
+            < ring_bytes("all_reduce", table_bytes, world_size))
+
+
 def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
     """PowerSGD's matrix view of a tensor. Keras kernels keep the output dimension last
     ([kh, kw, in, out], [in, out]): the matrix is [everything else, out]."""

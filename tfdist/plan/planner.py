@@ -46,6 +46,7 @@ from tfdist.plan.costs import (
     POWERSGD_MIN_COMPRESSION_RATE,
     STEPS_FACTORS,
     compresses,
+    gathers_rows,
     link_seconds,
     matrix_shape,
     num_kept,
@@ -285,7 +286,8 @@ class Workload:
             batch looks up, repeats included), 0 for a dense gradient; empty (the default):
             every gradient dense. The dense exchange all-gathers such rows with their int32
             indices, what each worker holds, instead of all-reducing the table
-            (`tfdist.comm.sparse_all_reduce`); the compressors, local SGD, ZeRO, the pipeline
+            (`tfdist.comm.sparse_all_reduce`), where that sends fewer bytes
+            (`tfdist.plan.costs.gathers_rows`); the compressors, local SGD, ZeRO, the pipeline
             and the servers send the whole table. `from_keras(model, ..., batch=B)` counts
             them.
 
@@ -564,17 +566,20 @@ class _Pricer:
 
 
 def _dense(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
-    # the dense gradients in buckets; each embedding's rows, with their int32 indices, in one
-    # all-gather (float16 rows travel apart from their indices: two)
-    dense = pr.value * sum(size for size, rows in zip(pr.w.sizes, pr.w.rows) if not rows)
+    # each embedding's rows, with their int32 indices, in one all-gather where that sends less
+    # than the table (float16 rows travel apart from their indices: two); the rest in buckets
+    gathered, dense = [], pr.grad_bytes
+    for shape, rows in zip(pr.w.shapes, pr.w.rows):
+        row = pr.value * math.prod(shape[1:])
+        if rows and gathers_rows(rows, row, row * shape[0], pr.n):
+            gathered.append((rows, row))
+            dense -= row * shape[0]
     calls = pr.buckets(dense) if dense else 0
     seconds, wire = pr.collective("all_reduce", dense, calls) if dense else (0.0, 0.0)
-    for shape, rows in zip(pr.w.shapes, pr.w.rows):
-        if rows:
-            row = pr.value * math.prod(shape[1:])
-            gather_calls = 1 if pr.value == FLOAT else 2
-            s, b = pr.collective("all_gather", rows * (row + FLOAT), gather_calls)
-            seconds, wire, calls = seconds + s, wire + b, calls + gather_calls
+    for rows, row in gathered:
+        gather_calls = 1 if pr.value == FLOAT else 2
+        s, b = pr.collective("all_gather", rows * (row + FLOAT), gather_calls)
+        seconds, wire, calls = seconds + s, wire + b, calls + gather_calls
     if spec == "dense":
         return pr.estimate(spec, "dense all-reduce",
                            exchange=seconds, wire=wire, calls=calls,

@@ -107,6 +107,8 @@ def test_rows_are_planned_as_the_table_where_the_table_sends_less():
         rows = ring_bytes("all_gather", 1024 * (row + 4), n) + ring_bytes("all_reduce", 4 * 256, n)
         whole = ring_bytes("all_reduce", table + 4 * 256, n)
         assert e.wire_bytes == pytest.approx(min(rows, whole), rel=1e-12), n
+        assert e.note == ("1 of 1 embedding table(s) sent as the rows the batch looks up" if n == 8
+                          else "1 of 1 sent whole: every worker's rows would send more"), e.note
 
 
 def test_bad_row_counts_are_refused_by_name():

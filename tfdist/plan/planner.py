@@ -580,16 +580,23 @@ def _dense(pr: _Pricer, spec: str, arg: str | None) -> Estimate:
         gather_calls = 1 if pr.value == FLOAT else 2
         s, b = pr.collective("all_gather", rows * (row + FLOAT), gather_calls)
         seconds, wire, calls = seconds + s, wire + b, calls + gather_calls
+    tables = sum(1 for rows in pr.w.rows if rows)
+    whole = tables - len(gathered)
+    rows_note = "; ".join(filter(None, [
+        f"{len(gathered)} of {tables} embedding table(s) sent as the rows the batch looks up"
+        if gathered else "",
+        f"{whole} of {tables} sent whole: every worker's rows would send more" if whole else ""]))
     if spec == "dense":
         return pr.estimate(spec, "dense all-reduce",
                            exchange=seconds, wire=wire, calls=calls,
-                           factor=STEPS_FACTORS["dense"])
+                           factor=STEPS_FACTORS["dense"], note=rows_note)
     hidden = pr.w.backward_share * pr.w.compute_s
     exposed = max(seconds - hidden, seconds / max(calls, 1))  # never the last bucket
+    note = ("the backward pass hides all but the last bucket, as DDP and Horovod's own layer do; "
+            "tfdist's exchange starts after the backward pass")
     return pr.estimate(spec, "dense all-reduce, overlapped (DDP-style)", exchange=exposed, wire=wire,
                        calls=calls, factor=STEPS_FACTORS["dense"],
-                       note="the backward pass hides all but the last bucket, as DDP and Horovod's own "
-                            "layer do; tfdist's exchange starts after the backward pass")
+                       note="; ".join(filter(None, [note, rows_note])))
 
 
 def _split(pr: _Pricer, rule=lambda shape: True) -> tuple[list[tuple[int, ...]], int]:

@@ -348,7 +348,8 @@ def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
         assert simulated["async"]["staleness_max"] > 0 == simulated["sync"]["staleness_max"]
     assert out.stdout.count("simulated, 100 steps per worker, 1 worker(s) 3x slower") == 2
     for args, message in ((["--algorithms", "dense,zip"], "Unknown algorithm 'zip'"),
-                          (["--stragglers", "0.1"], "the form is SLOW:SLOWDOWN")):
+                          (["--stragglers", "0.1"], "the form is SLOW:SLOWDOWN"),
+                          (["--batch", "0"], "--batch 0: give the examples of one worker's")):
         bad = subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "plan", "--parameters",
                               "10", "--compute-ms", "1", *args],
                              capture_output=True, text=True, env=worker_env(), timeout=120)

@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "in ms, e.g. Keras' update minus the fused one in `tfdist bench "
                            "--suite overhead` (default: 0; a step measured here is tfdist's)")
     plan.add_argument("--batch", type=int, metavar="N",
-                      help="examples per worker when measuring (default: the config's "
-                           "data.global_batch_size; 32 for --model-file)")
+                      help="examples of one worker's step: the compute step is measured at "
+                           "it, and an embedding's gradient priced as the rows it looks up "
+                           "(default: the config's data.global_batch_size; 32 for --model-file)")
     plan.add_argument("--optimizer-slots", type=int, metavar="K",
                       help="optimizer state per parameter (Adam 2, momentum 1, SGD 0; "
                            "default: counted on the config's optimizer, 2 with --parameters)")

@@ -178,6 +178,8 @@ def check(args) -> None:
     if args.stragglers:
         parse_stragglers(args.stragglers)
     cluster(args, 1)
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch {args.batch}: give the examples of one worker's step, >= 1")
     for name in ("compute_ms", "latency_us", "update_saving_ms"):
         value = getattr(args, name)
         if value is not None and value < 0:

@@ -20,10 +20,12 @@ A push's staleness is the number of updates applied between its pull and its own
 the parameter servers count it (`tfdist.ps`): the last count is "63 or more". The servers start
 every worker together, once each has pulled the weights (`started`): a worker's first step
 computes on that pull, version 0, whatever its late start (`Stragglers.late_s`, the start-up
-that follows the pull: tracing the first step). The chief (worker 0) is never the one slowed: its
-time is the job's clock, as in `tfdist bench --suite stragglers`. What the simulation leaves
-out, it says: the steps an algorithm needs to reach an accuracy (give them, as the planner's
-steps factors), contention for links and cores, and start-up.
+that follows the pull: tracing the first step). Under `sync` and `local_sgd`, work a slow
+worker's first step does after its exchange (`Stragglers.first_update_s`: XLA compiling the
+update where it first runs) holds everyone's second exchange. The chief (worker 0) is never
+the one slowed: its time is the job's clock, as in `tfdist bench --suite stragglers`. What the
+simulation leaves out, it says: the steps an algorithm needs to reach an accuracy (give them,
+as the planner's steps factors), contention for links and cores, and start-up.
 
 Example:
     ```python
@@ -68,6 +70,11 @@ class Stragglers:
             times the median).
         late_s: The slow workers start their first step this many seconds after the others
             (their start-up, importing and tracing, is slowed too).
+        first_update_s: The slow workers end their first step this many seconds after its
+            exchange, the others at once: first-step work that follows the exchange (XLA
+            compiling the update where it is first run, slowed too). Synchronous rounds
+            (`sync`, `local_sgd`) wait for it at their second exchange; the parameter
+            servers, which update on the servers, do not have it.
 
     Example:
         ```python
@@ -82,6 +89,7 @@ class Stragglers:
     slowdown: float = 1.0
     sigma: float = 0.0
     late_s: float = 0.0
+    first_update_s: float = 0.0
 
     def __post_init__(self):
         check_number("slow", self.slow, 0)
@@ -91,6 +99,7 @@ class Stragglers:
         check_number("slowdown", self.slowdown, 1)
         check_number("sigma", self.sigma, 0, 3)
         check_number("late_s", self.late_s, 0)
+        check_number("first_update_s", self.first_update_s, 0)
 
     def slowed(self, workers: int) -> int:
         """How many of `workers` are slow (never the chief)."""
@@ -107,6 +116,10 @@ class Stragglers:
     def starts(self, workers: int) -> list[float]:
         """When each worker starts its first step."""
         return [self.late_s if speed > 1 else 0.0 for speed in self.speeds(workers)]
+
+    def first_updates(self, workers: int) -> list[float]:
+        """How long after the first exchange each worker's first step ends."""
+        return [self.first_update_s if speed > 1 else 0.0 for speed in self.speeds(workers)]
 
     def draw(self, rng: random.Random) -> float:
         """One step's spread factor (mean 1)."""
@@ -244,29 +257,41 @@ def simulate(algorithm: str, workers: int, compute_s: float, steps: int, *,
     if name in ("sync", "local_sgd"):
         period = 1 if name == "sync" else int(arg or 1)
         return _rounds(algorithm, workers, steps, period, step, exchange_s,
-                       warmup_steps if name == "local_sgd" else 0, stragglers.starts(workers))
+                       warmup_steps if name == "local_sgd" else 0, stragglers.starts(workers),
+                       stragglers.first_updates(workers))
     if arg == 0:
         return _rounds(algorithm, workers, steps, 1, step, transfer_s + apply_s, 0,
-                       stragglers.starts(workers))
+                       stragglers.starts(workers), [0.0] * workers)
     return _servers(algorithm, workers, steps, arg, step, transfer_s, apply_s,
                     stragglers.starts(workers))
 
 
-def _rounds(algorithm, workers, steps, period, step, exchange_s, warmup, starts) -> Simulation:
+def _rounds(algorithm, workers, steps, period, step, exchange_s, warmup, starts,
+            first_updates) -> Simulation:
     """Every `period` steps (every step for the first `warmup`) all workers meet: an all-reduce,
-    an averaging, a summed update."""
+    an averaging, a summed update. A worker's first step ends `first_updates` later: after the
+    first exchange when the first round is one step, else inside its first step."""
     busy = 0.0
     ready = list(starts)  # when each worker starts its next round
     chief: list[float] = []
     rounds = 0
+    late = list(first_updates)  # the first round's: after its exchange, or in its first step
     while len(chief) < steps:
         block = 1 if len(chief) < warmup else min(period, steps - len(chief))
         times = [[step(i) for _ in range(block)] for i in range(workers)]
+        if block > 1:  # no exchange before the local steps: the first update is in the first
+            for i in range(workers):
+                times[i][0] += late[i]
         busy += sum(map(sum, times)) + workers * exchange_s
         chief.extend(ready[0] + t for t in _cumulative(times[0]))
         clock = max(r + sum(t) for r, t in zip(ready, times)) + exchange_s
         chief[-1] = clock  # the chief's last step of a round ends with the round
-        ready = [clock] * workers
+        if block == 1:  # the first update follows the exchange
+            ready = [clock + extra for extra in late]
+            busy += sum(late)
+        else:
+            ready = [clock] * workers
+        late = [0.0] * workers
         rounds += 1
     return Simulation(algorithm, workers, steps, clock, clock, rounds, {},
                       _share_waiting(busy, clock, workers), tuple(chief))

@@ -276,27 +276,45 @@ def summary(rows: list[dict]) -> str:
 
 # stragglers suite algorithm -> the simulated one
 STRAGGLERS = {"sync": "sync", "local_sgd": "local_sgd", "ps_sync": "ssp:0", "ssp1": "ssp:1",
-              "ssp4": "ssp:4", "async": "async", "async_scaled": "async", "async_dc": "async"}
+              "ssp4": "ssp:4", "async": "async", "async_scaled": "async", "async_dc": "async",
+              "sync_keras_update": "sync"}
 FITTED = ("async", "ps_sync", "sync")  # the runs the simulation's inputs are fitted to
+
+
+def first_epoch_stall_s(row: dict[str, Any]) -> float:
+    """What a run's first epoch took beyond its timed steps at the pace of the later epochs
+    (0 for a run of one epoch): a synchronous run's second step waits there for the slow
+    worker's first update (its XLA compile, after the first all-reduce)."""
+    curve = row["curve"]
+    if len(curve) < 2 or curve[-1][2] <= curve[0][2]:
+        return 0.0
+    (first_s, _, first_steps), (last_s, _, last_steps) = curve[0], curve[-1]
+    pace = (last_s - first_s) / (last_steps - first_steps)
+    return max(0.0, first_s - (first_steps - 1) * pace)
 
 
 def straggler_inputs(data: dict[str, Any]) -> dict[str, float]:
     """The simulation's compute, transfer and all-reduce seconds, from the mean chief steps of
     the run's asynchronous (a = c + t) and synchronous (p = f c + t) parameter servers and
-    synchronous all-reduce (s = f c + e), f the suite's slowdown; and how late the slow worker
-    starts: the synchronous servers' first chief step waits for it, the asynchronous ones'
-    does not."""
+    synchronous all-reduce (s = f c + e, its first epoch's stall left out), f the suite's
+    slowdown; how late the slow worker starts (the synchronous servers' first chief step waits
+    for it, the asynchronous ones' does not); and how long after the first all-reduce it ends
+    its first step (the all-reduce's first-epoch stall, `first_epoch_stall_s`)."""
     steps = {r["algorithm"]: mean_step_s(r) for r in data["rows"]}
+    stall = next((first_epoch_stall_s(r) for r in data["rows"] if r["algorithm"] == "sync"),
+                 0.0)
     missing = [a for a in FITTED if a not in steps]
     if missing:
         raise ValueError(f"--results: the stragglers run has no {', '.join(missing)} row: the "
                          f"simulation is fitted to {', '.join(FITTED)} (run them with "
                          "`tfdist bench --suite stragglers`)")
     f = float(data["straggler"]["slowdown"])
+    sync_steps = next(r["steps"] for r in data["rows"] if r["algorithm"] == "sync")
     compute = (steps["ps_sync"] - steps["async"]) / (f - 1) if f > 1 else 0.0
     first = {r["algorithm"]: r.get("first_step_s") for r in data["rows"]}
     inputs = {"slowdown": f, "compute_s": compute, "transfer_s": steps["async"] - compute,
-              "exchange_s": steps["sync"] - f * compute,
+              "exchange_s": steps["sync"] - stall / max(sync_steps - 1, 1) - f * compute,
+              "first_update_s": stall,
               # the synchronous servers' first step waits for the slow worker's start-up, the
               # asynchronous ones' does not
               "late_s": max(0.0, (first["ps_sync"] or 0.0) - (first["async"] or 0.0))}
@@ -316,6 +334,19 @@ def _local_sgd(job: list[str]) -> tuple[int, int]:
     return int(averaging["period"]), int(averaging.get("warmup_steps") or 0)
 
 
+XLA_UPDATES = ("adam", "adamw")  # what `optimizer.fused_update: true` compiles with XLA
+
+
+def _compiles_update(config_name: str, job: list[str]) -> bool:
+    """Whether a suite's job (configs/`config_name` and the job's overrides) updates with an
+    XLA-compiled function, which compiles where it first runs: after the first exchange."""
+    from tfdist.tools.config import configs_dir, load_config
+
+    optimizer = load_config(configs_dir() / config_name, job)["optimizer"]
+    fused = optimizer["fused_update"]
+    return fused == "xla" or (fused is True and optimizer["name"] in XLA_UPDATES)
+
+
 def _step_reaching(row: dict[str, Any], target: float) -> int | None:
     """The chief's step at the end of the first epoch whose accuracy reached `target`."""
     return next((int(step) for _, accuracy, step in row["curve"] if accuracy >= target), None)
@@ -325,6 +356,11 @@ def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[d
     """The simulation, given its `straggler_inputs`, against each run of a stragglers suite's
     results."""
     period, warmup = _local_sgd(data["job"])
+    # the all-reduce's stall is its first XLA compile: a local SGD job compiles only if its
+    # optimizer does, the all-reduce with Keras' update not at all
+    first_update = {"sync": inputs["first_update_s"],
+                    "local_sgd": inputs["first_update_s"] if _compiles_update(
+                        "local_sgd.yaml", data["job"]) else 0.0}
     rows = []
     for r in data["rows"]:
         spec = STRAGGLERS.get(r["algorithm"])
@@ -333,7 +369,9 @@ def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[d
         spec = f"local_sgd:{period}" if spec == "local_sgd" else spec
         run = simulate(spec, r["hosts"], inputs["compute_s"], r["steps"],
                        stragglers=Stragglers(slow=1, slowdown=inputs["slowdown"],
-                                             late_s=inputs["late_s"]),
+                                             late_s=inputs["late_s"],
+                                             first_update_s=first_update.get(
+                                                 r["algorithm"], 0.0)),
                        exchange_s=inputs["exchange_s"], transfer_s=inputs["transfer_s"],
                        warmup_steps=warmup if spec.startswith("local_sgd") else 0)
         clock = run.chief_clock
@@ -594,7 +632,8 @@ def run_plan(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None
                 f"{data['date']}, {data['machine']}), fitted: compute "
                 f"{inputs['compute_s'] * 1e3:.1f} ms, slowdown {inputs['slowdown']:g}, transfer "
                 f"{inputs['transfer_s'] * 1e3:.1f} ms, all-reduce {inputs['exchange_s'] * 1e3:.1f}"
-                f" ms, the slow worker's late start {inputs['late_s']:.2f} s.")
+                f" ms, the slow worker's late start {inputs['late_s']:.2f} s, its first update"
+                f" {inputs['first_update_s']:.2f} s after the first all-reduce.")
     elif data["rows"] and "zero1" in data["rows"][0]:  # a memory suite's run
         rows = compare_memory(data)
         head = (f"Memory planned by `tfdist.plan` for `{data['command']}` (measured "

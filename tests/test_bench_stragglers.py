@@ -72,6 +72,13 @@ def test_the_check_needs_1_5x_sooner_within_a_point():
     assert "ssp4 reached the target 1.20x sooner" in stragglers.check(rows[:2])
     assert "async_scaled reached the target 2.00x sooner than sync, final accuracy -3.0 pt: " \
         "FAILS" in stragglers.check([r for r in rows if r["algorithm"] != "ssp4"])
+    # what keeps a sweep from being judged, said
+    assert "not judged (no bounded-staleness or asynchronous run)" in stragglers.check(
+        [rows[0], _row("sync_keras_update", 12.0, 0.96, ps=False)])
+    assert "not judged (sync missed the target)" in stragglers.check(
+        [_row("sync", None, 0.9, ps=False), rows[2]])
+    assert "not judged (every bounded-staleness or asynchronous run missed the target)" in \
+        stragglers.check([rows[0], _row("ssp4", None, 0.9, staleness=4)])
     table = stragglers.table(plan.target_accuracy, rows)
     assert "| 4 | 1gbit | async | 18.0 | 1.67x | 0.9400 | -2.0 | 1.50 / 3 | 10 | 100 |" in table
     assert "| 4 | 1gbit | sync | 30.0 | 1.00x | 0.9600 | +0.0 | - |" in table

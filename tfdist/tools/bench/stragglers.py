@@ -142,11 +142,15 @@ def check(rows: list[dict]) -> str:
     for key in sorted({(r["hosts"], r["bandwidth"]) for r in rows}):
         here = [r for r in rows if (r["hosts"], r["bandwidth"]) == key]
         sync = here[0]
-        relaxed = [r for r in here if r.get("staleness_mean") is not None
-                   and r.get("staleness") != 0 and r["time_to_target_s"]]
-        if not sync["time_to_target_s"] or not relaxed:
-            lines.append(f"- {key[0]} hosts @ {key[1]}: not judged (the synchronous run or "
-                         "every relaxed run missed the target)")
+        candidates = [r for r in here if r.get("staleness_mean") is not None
+                      and r.get("staleness") != 0]
+        relaxed = [r for r in candidates if r["time_to_target_s"]]
+        why = ("no bounded-staleness or asynchronous run" if not candidates else
+               f"{sync['label']} missed the target" if not sync["time_to_target_s"] else
+               "every bounded-staleness or asynchronous run missed the target"
+               if not relaxed else None)
+        if why:
+            lines.append(f"- {key[0]} hosts @ {key[1]}: not judged ({why})")
             continue
         within = [r for r in relaxed
                   if r["final_accuracy"] >= sync["final_accuracy"] - ACCURACY_SLACK]

@@ -105,6 +105,8 @@ def _text(rule: str, default, check: Callable[[str], bool] = lambda v: True,
 
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+# the optimizers `optimizer.fused_update: true` compiles with XLA (tfdist._hooks.optimizer)
+XLA_FUSED = ("adam", "adamw")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # Logical CPU devices each start thread pools of their own: 1,024 of them end in pthread_create
 # failing; no machine holds more than a few dozen accelerators.
@@ -187,8 +189,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                most=1.0),
         "accumulation_steps": _int("an integer >= 1", lambda v: v >= 1, 1, most=2**16),
         "nan_policy": _choice(("raise", "skip"), "raise"),
-        "fused_update": Field(True, (bool, str), "true (adam and adamw compiled by XLA, "
-                              "sgd in one TensorFlow kernel per variable), xla (any "
+        "fused_update": Field(True, (bool, str), f"true ({' and '.join(XLA_FUSED)} compiled "
+                              "by XLA, sgd in one TensorFlow kernel per variable), xla (any "
                               "optimizer's own update, compiled by XLA) or false (Keras' own "
                               "update)", lambda v: isinstance(v, bool) or v == "xla",
                               choices=("xla",)),

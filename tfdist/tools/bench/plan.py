@@ -300,20 +300,19 @@ def straggler_inputs(data: dict[str, Any]) -> dict[str, float]:
     slowdown; how late the slow worker starts (the synchronous servers' first chief step waits
     for it, the asynchronous ones' does not); and how long after the first all-reduce it ends
     its first step (the all-reduce's first-epoch stall, `first_epoch_stall_s`)."""
-    steps = {r["algorithm"]: mean_step_s(r) for r in data["rows"]}
-    stall = next((first_epoch_stall_s(r) for r in data["rows"] if r["algorithm"] == "sync"),
-                 0.0)
+    runs = {r["algorithm"]: r for r in data["rows"]}
+    steps = {name: mean_step_s(r) for name, r in runs.items()}
     missing = [a for a in FITTED if a not in steps]
     if missing:
         raise ValueError(f"--results: the stragglers run has no {', '.join(missing)} row: the "
                          f"simulation is fitted to {', '.join(FITTED)} (run them with "
                          "`tfdist bench --suite stragglers`)")
     f = float(data["straggler"]["slowdown"])
-    sync_steps = next(r["steps"] for r in data["rows"] if r["algorithm"] == "sync")
+    stall = first_epoch_stall_s(runs["sync"])
     compute = (steps["ps_sync"] - steps["async"]) / (f - 1) if f > 1 else 0.0
-    first = {r["algorithm"]: r.get("first_step_s") for r in data["rows"]}
+    first = {name: r.get("first_step_s") for name, r in runs.items()}
     inputs = {"slowdown": f, "compute_s": compute, "transfer_s": steps["async"] - compute,
-              "exchange_s": steps["sync"] - stall / max(sync_steps - 1, 1) - f * compute,
+              "exchange_s": steps["sync"] - stall / max(runs["sync"]["steps"] - 1, 1) - f * compute,
               "first_update_s": stall,
               # the synchronous servers' first step waits for the slow worker's start-up, the
               # asynchronous ones' does not
@@ -334,17 +333,14 @@ def _local_sgd(job: list[str]) -> tuple[int, int]:
     return int(averaging["period"]), int(averaging.get("warmup_steps") or 0)
 
 
-XLA_UPDATES = ("adam", "adamw")  # what `optimizer.fused_update: true` compiles with XLA
-
-
 def _compiles_update(config_name: str, job: list[str]) -> bool:
     """Whether a suite's job (configs/`config_name` and the job's overrides) updates with an
     XLA-compiled function, which compiles where it first runs: after the first exchange."""
-    from tfdist.tools.config import configs_dir, load_config
+    from tfdist.tools.config import XLA_FUSED, configs_dir, load_config
 
     optimizer = load_config(configs_dir() / config_name, job)["optimizer"]
     fused = optimizer["fused_update"]
-    return fused == "xla" or (fused is True and optimizer["name"] in XLA_UPDATES)
+    return fused == "xla" or (fused is True and optimizer["name"] in XLA_FUSED)
 
 
 def _step_reaching(row: dict[str, Any], target: float) -> int | None:

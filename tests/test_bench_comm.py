@@ -14,6 +14,7 @@ from tfdist.tools.bench.comm import (
     breakdown,
     breakdown_table,
     compressor_ms,
+    concurrent_step_ms,
     load_plan,
     page_table,
     run_comm,
@@ -96,6 +97,29 @@ def test_the_baseline_always_runs_and_the_limit_has_no_exchange(tmp_path):
     assert limit["data"]["global_batch_size"] == 32  # one worker's share of the batch
 
 
+def _spans(begin: float, steps: list[float]) -> list[list[float]]:
+    spans, t = [], begin
+    for s in steps:
+        spans.append([t, t + s])
+        t += s
+    return spans
+
+
+def test_the_limit_counts_the_steps_every_host_ran_at_once():
+    # Host 0 starts first and runs alone at 10 ms a step, then at 40 ms with the other host
+    # (which starts 1.5 s later, its tracing step of 1 s left out), then alone again at 10 ms.
+    first = _spans(0.0, [1.0] + [0.01] * 150 + [0.04] * 40 + [0.01] * 50)
+    second = _spans(1.5, [1.0] + [0.04] * 40)
+    ms, fewest = concurrent_step_ms([first, second])
+    assert ms == pytest.approx(40.0) and fewest >= 5
+    # Worker 0's median over its own timed steps would have been the idle machine's 10 ms.
+    # Hosts that never overlapped: every timed step counts, and the count says so.
+    late = _spans(10.0, [1.0] + [0.03] * 20)
+    ms, fewest = concurrent_step_ms([first, late])
+    assert fewest == 0
+    assert ms == pytest.approx((10.0 + 30.0) / 2)  # the median of the hosts' medians
+
+
 @needs_netns
 @pytest.mark.slow
 def test_small_sweep_writes_table_json_and_plots(tmp_path):
@@ -123,6 +147,10 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
         assert r["cores"] == os.cpu_count() and 0 < r["busy_cores"] <= 1.2 * r["cores"]
         assert r["limit_busy_cores" if r["algorithm"] != LIMIT else "busy_cores"] == \
             by[LIMIT]["busy_cores"]
+    # The limit's step: both hosts' steps while both ran (each a chief, its own summary).
+    spans = [json.loads((out / "comm" / "2hosts-1gbit" / LIMIT / f"host{h}" / "run" /
+                         "summary.json").read_text())["step_spans"] for h in (0, 1)]
+    assert (by[LIMIT]["step_ms"], by[LIMIT]["concurrent_steps"]) == concurrent_step_ms(spans)
     # The limit: the baseline's accuracy at the compute-only step time.
     assert [a for _, a, _ in by[LIMIT]["curve"]] == [a for _, a, _ in dense["curve"]]
     saved = json.loads((out / "comm.json").read_text())

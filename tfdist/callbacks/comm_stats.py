@@ -13,9 +13,11 @@ from tfdist.optimizers import Accumulation, chain_of
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Collects the wall time of each training batch (seconds) in `times`, and when `fit`
-    began and its first batch began (`time.time()`, in `fit_began` and `first_step_began`):
-    what `fit` spends before its first step (the dataset's iterator, callbacks).
+    """Collects the wall time of each training batch (seconds) in `times` and when each began
+    (`time.time()`, in `began`: hosts sharing a clock can tell which of their steps ran at the
+    same time), and when `fit` began and its first batch began (`fit_began`,
+    `first_step_began`): what `fit` spends before its first step (the dataset's iterator,
+    callbacks).
 
     Example:
         ```python
@@ -33,7 +35,8 @@ class StepTimer(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.times: list[float] = []
-        self._start = 0.0
+        self.began: list[float] = []
+        self._start = self._wall = 0.0
         self.fit_began: float | None = None
         self.first_step_began: float | None = None
 
@@ -42,14 +45,15 @@ class StepTimer(keras.callbacks.Callback):
             self.fit_began = time.time()
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
+        self._start, self._wall = time.perf_counter(), time.time()
 
     def on_train_batch_end(self, batch, logs=None):
         if skipping(self.model):  # a finished step of a resumed epoch: nothing ran
             return
         if self.first_step_began is None:
-            self.first_step_began = time.time() - (time.perf_counter() - self._start)
+            self.first_step_began = self._wall
         self.times.append(time.perf_counter() - self._start)
+        self.began.append(self._wall)
 
 
 class CommunicationStats(keras.callbacks.Callback):

@@ -468,6 +468,7 @@ def inner_optimizer(c: dict[str, Any], learning_rate: float) -> keras.optimizers
 
 
 EVAL_TAG = "tfdist-eval "
+STEP_SPANS_KEPT = 1000  # the steps whose begin and end a run's summary keeps
 
 
 class EpochEvaluation(keras.callbacks.Callback):
@@ -765,6 +766,10 @@ def _train(config: dict[str, Any], progress: bool) -> dict[str, Any]:
         "startup_seconds": _startup(started, timer),
         # Median over all steps but the first epoch's first (tracing) step.
         "step_ms_median": 1000 * float(np.median(timer.times[1:] or timer.times)),
+        # The first steps' [begin, end] (time.time(); at most STEP_SPANS_KEPT): which steps
+        # of hosts sharing a clock ran at the same time (the benches' zero-communication limit).
+        "step_spans": [[b, b + t] for b, t in
+                       zip(timer.began[:STEP_SPANS_KEPT], timer.times[:STEP_SPANS_KEPT])],
         # The machine's cores busy during each epoch's steps after its first (all processes;
         # None without /proc/stat).
         "machine_load": load.summary(),

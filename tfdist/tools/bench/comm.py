@@ -10,8 +10,11 @@ from the hosts' interface counters, set-up traffic included), and the median ste
 
 The zero-communication limit: the same workers, on the same hosts at the same time, run the job's
 steps with no exchange at all (each trains alone on its share of the batch), which gives the
-compute-only step time; the limit's accuracy curve is the baseline's (synchronous training does
-the same arithmetic whatever the network), at that step time.
+compute-only step time: the median, over the hosts, of each host's median step among those
+that ran while every host was in its timed steps (`concurrent_step_ms`: the hosts start apart,
+and a host's steps while others are still starting or done would not share the machine as a
+run's do); the limit's accuracy curve is the baseline's (synchronous training does the same
+arithmetic whatever the network), at that step time.
 
 Once the limit has run, every run of that cluster gets a per-step breakdown (`breakdown`):
 compute, the limit's step (measured: the forward and backward passes and the optimizer's
@@ -190,7 +193,8 @@ def _run_config(plan: Plan, algo: Algorithm, hosts: int) -> dict:
     return config
 
 
-LIMIT_STEPS = 30  # steps timed for the compute-only step time (median)
+LIMIT_STEPS = 60  # steps each host runs for the compute-only step time
+CONCURRENT_STEPS = 5  # fewest steps a host must run while every host runs for them to count
 
 
 def _limit_config(baseline: dict, hosts: int) -> dict:
@@ -316,8 +320,47 @@ def _row(plan: Plan, hosts: int, link: str, algo: Algorithm, s: dict) -> dict:
                       for r in s["epoch_log"]]}
 
 
-def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> dict:
-    step_s = s["step_ms_median"] / 1000  # the first step is left out, as in the runs' times
+def concurrent_step_ms(spans: list[list[list[float]]]) -> tuple[float, int]:
+    """The median over the hosts of each host's median step (ms) among its steps that began and
+    ended while every host was in its timed steps, from each host's `step_spans` ([begin, end]
+    per step, one clock); and the fewest such steps of a host. The window runs from the
+    latest first timed step (every host's first, tracing, step left out) to the earliest last
+    end. Where some host ran fewer than `CONCURRENT_STEPS` steps in it (the hosts barely
+    overlapped), every host's timed steps count, and the count returned says so."""
+    import numpy as np
+
+    timed = [host[1:] or host for host in spans]
+    begin, end = max(t[0][0] for t in timed), min(t[-1][1] for t in timed)
+    inside = [[e - b for b, e in t if b >= begin and e <= end] for t in timed]
+    fewest = min(len(steps) for steps in inside)
+    if fewest < CONCURRENT_STEPS:
+        inside = [[e - b for b, e in t] for t in timed]
+    return 1000.0 * float(np.median([np.median(steps) for steps in inside])), fewest
+
+
+def _hosts_spans(run_dir: Path, hosts: int) -> list[list[list[float]]] | None:
+    """Every host's `step_spans` in a limit run's directory (every host a chief), or None."""
+    spans = []
+    for host in range(hosts):
+        path = run_dir / f"host{host}" / "run" / "summary.json"
+        kept = json.loads(path.read_text()).get("step_spans") if path.exists() else None
+        if not kept:
+            return None
+        spans.append(kept)
+    return spans
+
+
+def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict,
+               spans: list[list[list[float]]] | None = None) -> dict:
+    concurrent = None
+    if spans:
+        step_ms, concurrent = concurrent_step_ms(spans)
+        if concurrent < CONCURRENT_STEPS:
+            print(f"bench: {hosts} hosts @ {link}: the limit's hosts ran {concurrent} steps at "
+                  "the same time; its step is every host's timed steps'", file=sys.stderr)
+    else:  # worker 0's median
+        step_ms = s["step_ms_median"]
+    step_s = step_ms / 1000  # the first step is left out, as in the runs' times
     curve = [(round((steps - 1) * step_s, 4), acc, steps) for _, acc, steps in baseline["curve"]]
     reached = next((t for t, a, _ in curve if a >= plan.target_accuracy), None)
     return {"hosts": hosts, "bandwidth": link, "algorithm": LIMIT,
@@ -326,7 +369,8 @@ def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict) -> di
             "steps": baseline["steps"], "train_seconds": curve[-1][0], "bytes_per_step": 0.0,
             "bytes_counted": True, "collectives_per_step": 0.0,
             "wire_bytes_per_step": _per_host(s["wire_bytes_per_host"]) / s["steps"],
-            "step_ms": s["step_ms_median"], "parameters": baseline["parameters"],
+            "step_ms": step_ms, "worker0_step_ms": s["step_ms_median"],
+            "concurrent_steps": concurrent, "parameters": baseline["parameters"],
             **_load(s), "curve": curve}
 
 
@@ -427,7 +471,8 @@ def run(plan: Plan, out_dir: Path, command: str) -> list[dict]:
                         continue
                     if algo is None:
                         assert baseline is not None
-                        row = _limit_row(plan, hosts, link, baseline, s)
+                        row = _limit_row(plan, hosts, link, baseline, s,
+                                         _hosts_spans(run_dir, hosts))
                     else:
                         row = _row(plan, hosts, link, algo, s)
                         if algo is plan.algorithms[0]:

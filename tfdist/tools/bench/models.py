@@ -8,8 +8,9 @@ batch grows with the hosts. Per run: median step time, throughput (images or tok
 all workers), bytes and collective calls per step, the bytes each host's link carried per step
 (its interface's counter over the run: start-up traffic and protocol included; measured for
 Keras' own exchange too, whose bytes are otherwise a formula), and the scaling efficiency: the
-zero-communication limit's step time (worker 0's, where every host trains the same per-worker
-batch at the same time with no exchange, in the same sweep) over the run's. Writes
+zero-communication limit's step time (every host trains the same per-worker batch with no
+exchange, in the same sweep; the hosts' steps that ran while all of them ran,
+`tfdist.tools.bench.comm.concurrent_step_ms`) over the run's. Writes
 OUT/models.md, OUT/models.json, OUT/models_*.png and each model's comm-suite files under
 OUT/<model>/<hosts>hosts/.
 

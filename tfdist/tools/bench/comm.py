@@ -338,28 +338,18 @@ def concurrent_step_ms(spans: list[list[list[float]]]) -> tuple[float, int]:
     return 1000.0 * float(np.median([np.median(steps) for steps in inside])), fewest
 
 
-def _hosts_spans(run_dir: Path, hosts: int) -> list[list[list[float]]] | None:
-    """Every host's `step_spans` in a limit run's directory (every host a chief), or None."""
-    spans = []
-    for host in range(hosts):
-        path = run_dir / f"host{host}" / "run" / "summary.json"
-        kept = json.loads(path.read_text()).get("step_spans") if path.exists() else None
-        if not kept:
-            return None
-        spans.append(kept)
-    return spans
+def _hosts_spans(run_dir: Path, hosts: int) -> list[list[list[float]]]:
+    """Every host's `step_spans` in a limit run's directory (every host a chief)."""
+    return [json.loads((run_dir / f"host{host}" / "run" / "summary.json").read_text())
+            ["step_spans"] for host in range(hosts)]
 
 
 def _limit_row(plan: Plan, hosts: int, link: str, baseline: dict, s: dict,
-               spans: list[list[list[float]]] | None = None) -> dict:
-    concurrent = None
-    if spans:
-        step_ms, concurrent = concurrent_step_ms(spans)
-        if concurrent < CONCURRENT_STEPS:
-            print(f"bench: {hosts} hosts @ {link}: the limit's hosts ran {concurrent} steps at "
-                  "the same time; its step is every host's timed steps'", file=sys.stderr)
-    else:  # worker 0's median
-        step_ms = s["step_ms_median"]
+               spans: list[list[list[float]]]) -> dict:
+    step_ms, concurrent = concurrent_step_ms(spans)
+    if concurrent < CONCURRENT_STEPS:
+        print(f"bench: {hosts} hosts @ {link}: the limit's hosts ran {concurrent} steps at "
+              "the same time; its step is every host's timed steps'", file=sys.stderr)
     step_s = step_ms / 1000  # the first step is left out, as in the runs' times
     curve = [(round((steps - 1) * step_s, 4), acc, steps) for _, acc, steps in baseline["curve"]]
     reached = next((t for t, a, _ in curve if a >= plan.target_accuracy), None)

@@ -2,13 +2,13 @@
 
 It runs the communication suite (`tfdist bench --suite comm`: the same hosts, links and
 algorithms, written under OUT/comm/), or reads a run of it (`--results comm.json`), and
-predicts each run's step from the job's model and the run's own zero-communication limit (the
-compute step, measured in the same sweep): predicted and measured step time and bytes per
-worker per step side by side, with the error. `--calibrate DIR` adds the engine's and the
-compressors' own costs measured on the machine (`Calibration.from_results`). The limit updates
-with tfdist's fused update, as every planned algorithm does but Keras' own exchange, whose
-compute adds what Keras' per-variable update takes beyond it (the overhead suite's run in the
-same directory, `overhead.json`).
+predicts each run's step from the job's model and the sweep's zero-communication limit at the
+run's host count (the compute step, measured in the same sweep, its runs averaged over the
+links): predicted and measured step time and bytes per worker per step side by side, with the
+error. `--calibrate DIR` adds the engine's and the compressors' own costs measured on the
+machine (`Calibration.from_results`). The limit updates with tfdist's fused update, as every
+planned algorithm does but Keras' own exchange, whose compute adds what Keras' per-variable
+update takes beyond it (the overhead suite's run in the same directory, `overhead.json`).
 
 The measured step is the mean over the run's timed steps (the first, tracing, left out), which
 is what the planner predicts: for local SGD it spreads the averaging rounds over the steps.

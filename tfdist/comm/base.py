@@ -353,11 +353,29 @@ def fused_all_reduce(comm: Communicator, tensors: Sequence[tf.Tensor],
         print(strategy.run(step))
         ```
     """
+    return through_flat_buffers(tensors, lambda buffers: comm.all_reduce(buffers, op=op))
+
+
+def through_flat_buffers(tensors: Sequence[tf.Tensor],
+                         reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]]) -> list[tf.Tensor]:
+    """`reduce` (an element-wise collective of a list of tensors) applied to `tensors` packed
+    into one flat buffer per dtype; returns its results split back into the tensors' shapes.
+    One tensor goes as it is (no copy).
+
+    Example:
+        ```python
+        doubled = tfdist.comm.base.through_flat_buffers(
+            [tf.ones([2, 3]), tf.ones([4])], lambda buffers: [2 * b for b in buffers])
+        assert [t.shape.as_list() for t in doubled] == [[2, 3], [4]]
+        ```
+    """
     tensors = list(tensors)
+    if len(tensors) < 2:
+        return list(reduce(tensors)) if tensors else []
     out: list[Any] = [None] * len(tensors)
     groups = _flat_groups(tensors, lambda t: t.dtype)
     buffers = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) for idx in groups.values()]
-    for idx, reduced in zip(groups.values(), comm.all_reduce(buffers, op=op) if buffers else []):
+    for idx, reduced in zip(groups.values(), reduce(buffers)):
         sizes = [int(tensors[i].shape.num_elements()) for i in idx]
         for i, part in zip(idx, tf.split(reduced, sizes)):
             out[i] = tf.reshape(part, tensors[i].shape)

@@ -177,7 +177,8 @@ class Horovod(JobEngine):
 
         hierarchical = config["averaging"]["intra_period"] is not None
         thvd.init(process_sets="dynamic" if hierarchical else None,
-                  cycle_ms=config["engine"]["horovod_cycle_ms"])
+                  cycle_ms=config["engine"]["horovod_cycle_ms"],
+                  pack=config["engine"]["horovod_pack"])
         return None, resolve()
 
     def feed(self, job, batches, warmup_epochs):

@@ -148,7 +148,7 @@ class HorovodCommunicator(Communicator):
     def _packed(tensors, reduce) -> list:
         if not packing():
             return list(reduce(tensors))
-        return through_flat_buffers(tensors, lambda buffers: list(reduce(buffers)))
+        return through_flat_buffers(tensors, reduce)
 
     def _all_gather(self, tensor):
         return self._hvd.allgather(tensor)

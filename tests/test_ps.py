@@ -23,6 +23,7 @@ import tensorflow as tf
 import tfdist
 from tests.conftest import ROOT, worker_env
 from tfdist.ps import Cluster, ParameterServer, ParameterServerOptimizer, assign_shards
+from tfdist.ps.server import BUCKETS, STATS_LEN, describe_staleness, staleness_report
 from tfdist.security import SECRET_ENV, SECRET_FILE_ENV, Verifier, job_secret, sign
 from tfdist.tools.config import ConfigError, load_config
 from tfdist.tools.launch import cluster_config, free_ports
@@ -118,6 +119,11 @@ def test_asynchronous_updates_apply_at_once_and_count_their_staleness():
     report = server.report()
     assert report["staleness_histogram"] == {0: 2, 2: 1}
     assert report["staleness_max"] == 2 and report["staleness_mean"] == pytest.approx(2 / 3)
+    assert describe_staleness(report) == "mean 0.67, max 2"
+    # pushes staler than 62 land in the last count, "63 or more": said so, not passed off as 63
+    stats = np.zeros(STATS_LEN, np.int64)
+    stats[[0, BUCKETS - 1]] = 1
+    assert describe_staleness(staleness_report(stats)) == "mean at least 31.50, max 63 or more"
 
 
 def test_stale_gradients_can_get_a_smaller_learning_rate():

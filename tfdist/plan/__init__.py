@@ -2,7 +2,9 @@
 at 8 to 1,024 workers, and the one to use (`tfdist plan` on the command line).
 
 The cost model is the one `AutoExchange` decides with during training (`tfdist.plan.costs`),
-in plain arithmetic: this package imports no TensorFlow. `simulate` plays stragglers and
+in plain arithmetic: this package's modules import no TensorFlow (the `tfdist plan` command
+loads none when the compute step is given; `import tfdist.plan` loads it with the `tfdist`
+package, which registers its Keras classes). `simulate` plays stragglers and
 asynchronous training (parameter servers, bounded staleness, local SGD) event by event.
 
 Example:

@@ -17,7 +17,9 @@ says, and waits where its algorithm makes it wait:
 - **async**: parameter servers with no bound.
 
 A push's staleness is the number of updates applied between its pull and its own update, as
-the parameter servers count it (`tfdist.ps`): the last count is "63 or more". The servers start
+the parameter servers count it (`tfdist.ps`), but without their last count, "63 or more": at a
+thousand workers most pushes are staler than that (`Simulation.counted_staleness` folds the
+histogram as the servers do, to set it beside theirs). The servers start
 every worker together, once each has pulled the weights (`started`): a worker's first step
 computes on that pull, version 0, whatever its late start (`Stragglers.late_s`, the start-up
 that follows the pull: tracing the first step). Under `sync` and `local_sgd`, work a slow
@@ -140,7 +142,9 @@ class Simulation:
         job_seconds: When the last worker finished.
         updates: Updates applied to the model (all-reduce or averaging rounds count one each;
             parameter servers count each applied push, or each summed step under `ssp:0`).
-        staleness: Histogram of the pushes' staleness (parameter servers; empty otherwise).
+        staleness: Histogram of the pushes' staleness (parameter servers; empty otherwise), each
+            count as it is (the servers' own histogram ends in "63 or more":
+            `counted_staleness`).
         waiting_share: The share of the workers' time spent waiting for others or for the
             servers (not computing, not sending).
         chief_clock: When each of the chief's steps ended (its step `k` is
@@ -178,18 +182,32 @@ class Simulation:
 
     @property
     def staleness_mean(self) -> float:
-        pushes = sum(self.staleness.values())
-        return sum(k * v for k, v in self.staleness.items()) / pushes if pushes else 0.0
+        return histogram_mean(self.staleness)
 
     @property
     def staleness_max(self) -> int:
         return max(self.staleness, default=0)
+
+    def counted_staleness(self) -> dict[int, int]:
+        """The staleness histogram as the parameter servers count it (`tfdist.ps.server.BUCKETS`):
+        every push staler than 62 in the last count, "63 or more". What a measured job's report
+        can be compared with."""
+        folded: Counter[int] = Counter()
+        for k, n in self.staleness.items():
+            folded[min(k, STALENESS_BUCKETS - 1)] += n
+        return dict(sorted(folded.items()))
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "chief_clock": list(self.chief_clock),
                 "staleness": dict(sorted(self.staleness.items())),
                 "step_s": self.step_s, "throughput": self.throughput,
                 "staleness_mean": self.staleness_mean, "staleness_max": self.staleness_max}
+
+
+def histogram_mean(histogram: Mapping[int, int]) -> float:
+    """The mean of a {value: count} histogram (0 when it is empty)."""
+    count = sum(histogram.values())
+    return sum(k * n for k, n in histogram.items()) / count if count else 0.0
 
 
 def parse_algorithm(spec: str) -> tuple[str, int | None]:
@@ -351,7 +369,7 @@ def _servers(algorithm, workers, steps, bound, step, transfer_s, apply_s, starts
             server_free = max(server_free, time) + apply_s
             schedule(server_free, "applied", i)
         else:  # applied
-            staleness[min(version - pulled[i], STALENESS_BUCKETS - 1)] += 1
+            staleness[version - pulled[i]] += 1
             version += 1
             at[done[i]] -= 1
             if done[i] == low and not at[low]:

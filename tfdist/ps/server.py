@@ -461,8 +461,8 @@ class ParameterServer:
         self.write_back()
         report = self.report()
         print(f"parameter server {self.index}: done, {report['version']} updates from "
-              f"{report['pushes']} pushes; staleness mean {report['staleness_mean']:.2f}, max "
-              f"{report['staleness_max']}; workers lost {report['workers_lost']}", flush=True)
+              f"{report['pushes']} pushes; staleness {describe_staleness(report)}; workers lost "
+              f"{report['workers_lost']}", flush=True)
         if not self._finished:
             raise RuntimeError(f"Parameter server {self.index}: every worker was lost before "
                                "finishing; the job can resume from its last checkpoint.")
@@ -532,6 +532,16 @@ def staleness_report(stats) -> dict:
         "staleness_mean": float((histogram * values).sum() / count) if count else 0.0,
         "staleness_max": int(seen[-1]) if len(seen) else 0,
     }
+
+
+def describe_staleness(report: dict) -> str:
+    """`staleness_report`'s mean and max in words. The histogram's last count is "63 or more"
+    (`BUCKETS`): when pushes landed there, the max is at least 63 and the mean at least what it
+    says."""
+    capped = report["staleness_max"] >= BUCKETS - 1
+    at_least = "at least " if capped else ""
+    return (f"mean {at_least}{report['staleness_mean']:.2f}, max {report['staleness_max']}"
+            f"{' or more' if capped else ''}")
 
 
 def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 0,

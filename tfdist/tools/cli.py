@@ -319,6 +319,8 @@ def _out_of_memory_stop(error: Exception) -> str | None:
 
 
 def _print_summary(s: dict) -> None:
+    from tfdist.ps.server import describe_staleness
+
     dense = s["gradient_bytes_per_round"]
     print()
     print(f"engine            {s['engine']} ({s['world_size']} workers/replicas)")
@@ -351,13 +353,12 @@ def _print_summary(s: dict) -> None:
         bound = s["config"]["engine"]["staleness"]
         rule = {0: "synchronous", None: "asynchronous"}.get(bound, f"staleness bound {bound}")
         print(f"parameter server  {rule}; {ps['version']} updates from {ps['pushes']} pushes; "
-              f"staleness mean {ps['staleness_mean']:.2f}, max {ps['staleness_max']}; "
+              f"staleness {describe_staleness(ps)}; "
               f"workers lost {ps['workers_lost']}")
     hogwild = s.get("hogwild")
     if hogwild:
         print(f"hogwild           {s['world_size']} replicas updating shared weights without "
-              f"locks; {hogwild['version']} updates; staleness mean "
-              f"{hogwild['staleness_mean']:.2f}, max {hogwild['staleness_max']}")
+              f"locks; {hogwild['version']} updates; staleness {describe_staleness(hogwild)}")
     opt = s["config"]["optimizer"]
     state = ", ".join(f"{'disk' if device.startswith('disk:') else device.split('/')[-1]}: {n:,}"
                       for device, n in s["optimizer_state_bytes"].items())

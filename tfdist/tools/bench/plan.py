@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist.plan import Calibration, Cluster, Link, Stragglers, Workload, predict, simulate
+from tfdist.plan.simulate import histogram_mean
 from tfdist.tools.bench.comm import mean_step_s
 from tfdist.tools.bench.machine import cores_of, stamp
 from tfdist.tools.emulated import parse_bandwidth
@@ -384,6 +385,7 @@ def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[d
                        exchange_s=inputs["exchange_s"], transfer_s=inputs["transfer_s"],
                        warmup_steps=warmup if spec.startswith("local_sgd") else 0)
         clock = run.chief_clock
+        counted = run.counted_staleness()  # as the servers count: "63 or more" last
         reached = _step_reaching(r, data["target_accuracy"])
         rows.append({"algorithm": r["algorithm"], "label": r["label"], "simulated": spec,
                      "fitted": r["algorithm"] in FITTED,
@@ -393,9 +395,9 @@ def compare_stragglers(data: dict[str, Any], inputs: dict[str, float]) -> list[d
                      "predicted_target_s": None if reached is None else clock[reached - 1] -
                      clock[0],
                      "measured_target_s": r["time_to_target_s"],
-                     "predicted_staleness": run.staleness_mean if run.staleness else None,
+                     "predicted_staleness": histogram_mean(counted) if counted else None,
                      "measured_staleness": r.get("staleness_mean"),
-                     "predicted_staleness_max": run.staleness_max if run.staleness else None,
+                     "predicted_staleness_max": max(counted) if counted else None,
                      "measured_staleness_max": r.get("staleness_max")})
     base = next((r for r in rows if r["algorithm"] == "sync"), None)
     for r in rows:

@@ -28,6 +28,16 @@ def test_the_shipped_spec_builds_every_plan_and_keeps_the_per_worker_batch():
             config = plan.configs[(hosts, key)]
             assert config["engine"]["name"] == "horovod"
             assert config["compression"]["bucket_mb"] == bucket_mb
+    # the compute step with the hosts in step: nothing exchanged (never averaged in the run),
+    # the dense runs' optimizer, the multi-worker engine
+    _, in_phase = models.load(algorithms=["dense", "limit_in_phase"])
+    for _, hosts, plan in in_phase:
+        config, dense = plan.configs[(hosts, "limit_in_phase")], plan.configs[(hosts, "dense")]
+        assert config["averaging"]["period"] > config["train"]["steps_per_epoch"]
+        assert config["averaging"]["warmup_steps"] == 0
+        assert config["optimizer"]["name"] == dense["optimizer"]["name"] == "adam"
+        assert config["optimizer"]["learning_rate"] == dense["optimizer"]["learning_rate"]
+        assert config["engine"]["name"] == dense["engine"]["name"]
     _, quick = models.load(quick=True)
     assert [(m, h) for m, h, _ in quick] == [("resnet50", 2), ("transformer", 2)]
 
@@ -38,8 +48,12 @@ def test_the_shipped_spec_builds_every_plan_and_keeps_the_per_worker_batch():
     ({"bandwidths": ["fast"]}, "bandwidths"),
 ])
 def test_bad_selections_are_refused_before_anything_runs(kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as e:
         models.load(**kwargs)
+    # the file named is the spec the user can open, not one made for the run
+    assert "tfdist-models-" not in str(e.value)
+    if "algorithms" in kwargs:
+        assert "(defined in " in str(e.value) and "models.yaml)" in str(e.value)
 
 
 def test_a_malformed_model_entry_names_the_key(tmp_path):

@@ -404,6 +404,24 @@ def test_the_compute_step_of_a_host_count_is_its_limit_runs_over_every_link():
         {(4, "1gbit"): 0.042, (4, "10gbit"): 0.042, (8, "1gbit"): 0.088})
 
 
+def test_a_models_sweeps_compute_step_is_its_hosts_in_step_run_where_it_has_one():
+    from tfdist.tools.bench.plan import compute_steps
+
+    def row(hosts, link, algorithm, step_ms, limit_ms):
+        return {"hosts": hosts, "bandwidth": link, "algorithm": algorithm, "step_ms": step_ms,
+                "limit_step_ms": limit_ms}
+
+    rows = [row(2, "1gbit", "dense", 900, 500), row(2, "10gbit", "dense", 700, 520),
+            row(2, "1gbit", "limit_in_phase", 590, 500), row(2, "10gbit", "limit_in_phase", 610,
+                                                               520),
+            row(4, "1gbit", "dense", 1500, 1000), row(4, "10gbit", "dense", 1300, 1200)]
+    steps, source = compute_steps(rows)
+    # 2 hosts: the runs in step, over both links; 4 hosts ran none: their limit, over both
+    assert steps == pytest.approx({(2, "1gbit"): 0.600, (2, "10gbit"): 0.600,
+                                   (4, "1gbit"): 1.100, (4, "10gbit"): 1.100})
+    assert source == {2: "limit_in_phase", 4: "limit"}
+
+
 def test_the_bench_sets_the_prediction_beside_a_measured_models_run(tmp_path):
     """`tfdist bench --suite plan` on the models suite's run kept in the docs (ResNet-50 and
     the encoder, 2 emulated hosts): each model's own shapes give the bytes its dense and

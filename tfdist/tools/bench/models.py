@@ -94,8 +94,9 @@ def load(spec_path: str | Path | None = None, quick: bool = False, hosts=None, b
                 spec_file.write_text(yaml.safe_dump(comm_spec, sort_keys=False))
                 try:
                     plan = comm.load_plan(spec_file, False, None, None, selected)
-                except ConfigError as e:
-                    raise ConfigError(f"models.{name}, {workers} hosts: {e}") from e
+                except ConfigError as e:  # its file is the spec, not the one made here
+                    raise ConfigError(f"models.{name}, {workers} hosts: "
+                                      f"{str(e).replace(str(spec_file), str(path))}") from e
             plan.spec_path = path
             plans.append((name, workers, plan))
     return spec, plans

@@ -26,7 +26,9 @@ chief's clock at the step where the run's own accuracy curve reached it) and its
 synchronous all-reduce's, and the mean staleness.
 
 Given a models suite's run (`--results models.json`, `tfdist bench --suite models`), each
-model is predicted as a comm run is, from its own shapes and its runs' zero-communication limit.
+model is predicted as a comm run is, from its own shapes and its runs' zero-communication limit,
+or, where the sweep ran the opt-in `limit_in_phase` (nothing exchanged, the hosts in step on the
+multi-worker engine, as a synchronous run keeps them), that run's step (`compute_steps`).
 
 Given a memory suite's run (`--results memory.json`, `tfdist bench --suite memory`), the
 planner's memory per replica for the dense exchange and ZeRO 1-3 is set beside the bytes each
@@ -62,6 +64,9 @@ ALGORITHMS = {
     "zero3": ("zero3", "tf.distribute"),
 }
 LIMIT = "limit"
+# configs/bench/models.yaml's opt-in run: nothing exchanged, the multi-worker engine, the hosts
+# in step as a synchronous run keeps them
+IN_PHASE = "limit_in_phase"
 KERAS_DENSE = "dense_keras"  # Keras' own exchange, with Keras' own update
 # The overhead suite's compute-only update rows: Keras' update, and tfdist's fused one
 KERAS_VARIANT, FUSED_VARIANT = "keras", "fused"
@@ -225,19 +230,34 @@ def compare(results: dict[str, Any], job: JobModel, calibrate: str | None,
 
 def compare_models(data: dict[str, Any], calibrate: str | None) -> list[dict]:
     """`compare` for a models suite's run (`tfdist bench --suite models`), model by model:
-    each model's shapes from its job, the compute step its runs' zero-communication limit
-    (`limit_step_ms`), the algorithms' overrides those of configs/bench/models.yaml."""
+    each model's shapes from its job, the compute step from its runs (`compute_steps`), the
+    algorithms' overrides those of configs/bench/models.yaml."""
     overrides = algorithm_overrides("models.yaml")
     rows = []
     for name, model in data["models"].items():
         mine = [r for r in data["rows"] if r.get("model") == name]
-        limits = link_independent({(r["hosts"], r["bandwidth"]): r["limit_step_ms"] / 1e3
-                                   for r in mine if r.get("limit_step_ms")})
+        limits, source = compute_steps(mine)
         part = compare({**data, "rows": mine, "job": model["job"]}, job_model(model["job"]),
                        calibrate, limits, overrides, model=name,
                        per_worker_batch=model.get("per_worker_batch"))
-        rows += [{"model": name, **r} for r in part]
+        rows += [{"model": name, **r, "compute_from": source[r["hosts"]]} for r in part]
     return rows
+
+
+def compute_steps(rows: list[dict]) -> tuple[dict[tuple[int, str], float], dict[int, str]]:
+    """A models suite's compute step per (hosts, link), in seconds, and what it is per host
+    count: the step of its `limit_in_phase` runs where the sweep has them (nothing exchanged,
+    the hosts in step on the multi-worker engine), else its zero-communication limit
+    (`limit_step_ms`: one `single` worker per host, the hosts out of step); either averaged
+    over the links (`link_independent`)."""
+    limits = link_independent({(r["hosts"], r["bandwidth"]): r["limit_step_ms"] / 1e3
+                               for r in rows if r.get("limit_step_ms")})
+    in_phase = {hosts: seconds for (hosts, _), seconds in link_independent(
+        {(r["hosts"], r["bandwidth"]): r["step_ms"] / 1e3
+         for r in rows if r["algorithm"] == IN_PHASE}).items()}
+    source = {hosts: IN_PHASE if hosts in in_phase else LIMIT for hosts, _ in limits}
+    return {(hosts, link): in_phase.get(hosts, seconds)
+            for (hosts, link), seconds in limits.items()}, source
 
 
 def algorithm_overrides(spec_name: str) -> dict[str, list[str]]:
@@ -284,8 +304,11 @@ def table(rows: list[dict]) -> str:
 def summary(rows: list[dict]) -> str:
     errors = [abs(r["step_error"]) for r in rows]
     within = sum(e <= 0.2 for e in errors)
+    in_phase = any(r.get("compute_from") == IN_PHASE for r in rows)
     return (f"step time: median error {statistics.median(errors):.1%}, {within} of "
-            f"{len(errors)} runs within 20%" if errors else "no run to compare")
+            f"{len(errors)} runs within 20%" + (
+                f"; compute: the `{IN_PHASE}` runs' step (the hosts in step, nothing "
+                "exchanged)" if in_phase else "") if errors else "no run to compare")
 
 
 # stragglers suite algorithm -> the simulated one

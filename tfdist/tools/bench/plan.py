@@ -303,12 +303,14 @@ def table(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> str:
     errors = [abs(r["step_error"]) for r in rows]
+    if not errors:
+        return "no run to compare"
     within = sum(e <= 0.2 for e in errors)
-    in_phase = any(r.get("compute_from") == IN_PHASE for r in rows)
-    return (f"step time: median error {statistics.median(errors):.1%}, {within} of "
-            f"{len(errors)} runs within 20%" + (
-                f"; compute: the `{IN_PHASE}` runs' step (the hosts in step, nothing "
-                "exchanged)" if in_phase else "") if errors else "no run to compare")
+    text = (f"step time: median error {statistics.median(errors):.1%}, {within} of "
+            f"{len(errors)} runs within 20%")
+    if any(r.get("compute_from") == IN_PHASE for r in rows):
+        text += f"; compute: the `{IN_PHASE}` runs' step (the hosts in step, nothing exchanged)"
+    return text
 
 
 # stragglers suite algorithm -> the simulated one

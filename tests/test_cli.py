@@ -759,6 +759,81 @@ def test_an_engine_of_ones_own_file_trains_through_the_command(tmp_path, monkeyp
     assert main(["train", *common, "--set", "engine.name=my_engine:Missing"]) == 2
 
 
+SERVING_ENGINE = '''
+import dataclasses
+
+import tfdist
+from tfdist.tools.engines import JobEngine
+
+SERVED = []  # what the serving role was handed
+
+
+class Serving(JobEngine):
+    """A world of one whose process trains, or serves (`engine.options.role`), scaling the
+    learning rate by an option of its own."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        role: str = "worker"
+        lr_factor: float = 1.0
+
+    def make(self, config):
+        return None, tfdist.comm.LocalEngine()
+
+    @property
+    def role(self):
+        return self.options.role
+
+    def serve(self, workload):
+        model = workload.model()
+        SERVED.append(model.count_params())
+        return {"engine": self.name, "role": self.role, "parameters": model.count_params()}
+
+    def optimizer(self, inner):
+        inner.learning_rate = float(inner.learning_rate) * self.options.lr_factor
+        return super().optimizer(inner)
+'''
+
+
+def test_an_engine_of_ones_own_file_takes_its_options_and_serves_a_role(tmp_path, monkeypatch,
+                                                                        capsys):
+    """One file: an engine's own `Options` come from `engine.options` (checked before anything
+    runs: an unknown or mistyped option is refused naming it); a process of its serving role
+    returns the engine's report, and its worker trains with the option applied: lr_factor 0.5
+    on an SGD rate of 0.02 ends on the built-in engine's weights at a rate of 0.01."""
+    import keras
+
+    from tfdist.tools.cli import main
+
+    (tmp_path / "serving_engine.py").write_text(SERVING_ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=3",
+              "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}",
+              "--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0"]
+    own = ["--set", "engine.name=serving_engine:Serving"]
+    assert main(["train", *common, *own, "--set", "engine.options={role: server}"]) == 0
+    import serving_engine
+
+    assert len(serving_engine.SERVED) == 1 and serving_engine.SERVED[0] > 0
+    assert not any(tmp_path.glob("*/summary.json")), "a serving process wrote a run"
+    assert main(["train", *common, *own, "--set", "train.run_name=own", "--set",
+                 "optimizer.learning_rate=0.02", "--set", "engine.options={lr_factor: 0.5}"]) == 0
+    assert main(["train", *common, "--set", "engine.name=single", "--set",
+                 "train.run_name=built_in", "--set", "optimizer.learning_rate=0.01"]) == 0
+    own_weights, built_in = (keras.saving.load_model(tmp_path / run / "model.keras").get_weights()
+                             for run in ("own", "built_in"))
+    for a, b in zip(own_weights, built_in, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    capsys.readouterr()
+    for options, said in (
+            ("{colour: red}", "engine.options: Serving takes no option 'colour'; it takes "
+                              "role, lr_factor"),
+            ("{lr_factor: fast}", "engine.options: Serving's option 'lr_factor' is a float; "
+                                  "got 'fast'")):
+        assert main(["train", *common, *own, "--set", f"engine.options={options}"]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_the_command_without_its_tools_extra_names_it():
     """PyYAML and matplotlib are the tools' extra, not the library's dependencies: the command
     without PyYAML says which extra installs it, before anything else."""
@@ -778,7 +853,7 @@ def test_a_process_other_than_the_chief_leaves_no_file_behind(tmp_path, monkeypa
 
     import keras
 
-    from tfdist.tools.runner import MODEL, RunFiles
+    from tfdist.tools.run_files import MODEL, RunFiles
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

@@ -227,3 +227,23 @@ def test_the_names_a_config_may_take_are_the_registries():
                           for name, module in compression.BUILT_IN.items()}
     assert set(compression.__all__) == {"BUILT_IN", *compression._EXPORTS}
     assert all(getattr(compression, name) for name in compression.__all__)
+
+
+def test_the_config_and_its_engines_load_without_tensorflow():
+    """The command reads a config and looks its engine up before TensorFlow loads (it loads
+    only past the schema, to build what the config describes, or in a `check` that asks a rule
+    of the library): a mistake is said in a second, and TensorFlow's load-time lines stay
+    silenced (`tfdist.logs.loading_quietly`)."""
+    import subprocess
+    import sys
+
+    check = ("import sys; sys.argv = ['tfdist']; from tfdist.tools import config; "
+             "c = config.defaults(); "
+             "[config.ENGINES.lookup(n)().check(c) for n in config.ENGINES "
+             "if n != 'parameter_server']")
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", check],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "tfdist.tools.engines.parameter_server" in imported
+    assert "tensorflow" not in imported and "keras" not in imported

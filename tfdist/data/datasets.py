@@ -254,15 +254,41 @@ def distribute_batches(strategy: tf.distribute.Strategy, make_batches):
         raise ValueError(
             f"The global batch size ({batch}) must divide by the number of replicas "
             f"({replicas}): use a multiple of {replicas} (and drop_remainder=True).")
-    per_replica = batch // replicas
+    return distribute_shards(strategy, lambda index, count: shard_batches(
+        make_batches(), index, count))
+
+
+def distribute_shards(strategy: tf.distribute.Strategy,
+                      make_shard: Callable[[int, int], tf.data.Dataset]):
+    """A distributed dataset whose input pipeline p of P reads only `make_shard(p, P)`: slice p
+    of P of each global batch (`tfdist.data.record_batches(..., shard=(p, P))` reads just
+    those records), and replica r of R gets slice r of each global batch, as with
+    `distribute_batches`.
+
+    Example:
+        ```python
+        import tempfile
+
+        path = tempfile.mkdtemp() + "/digits"
+        tfdist.data.convert_arrays(path, x, y)
+        source = tfdist.data.RecordSource(path)
+        strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
+        data = tfdist.data.distribute_shards(strategy, lambda p, n: tfdist.data.record_batches(
+            source, 64, seed=0, shard=(p, n)))
+        ```
+    """
+    replicas = strategy.num_replicas_in_sync
 
     def dataset_fn(ctx: tf.distribute.InputContext):
         local = replicas // ctx.num_input_pipelines
-        first = ctx.input_pipeline_id * local
+        ds = make_shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
+        batch = ds.element_spec[0].shape[0]
+        if batch is None or batch % local:
+            raise ValueError(f"An input pipeline's slice of the global batch ({batch}) must "
+                             f"divide by its {local} replicas: use a multiple of {replicas} "
+                             "for the global batch size.")
         # Each element: this pipeline's `local` replica batches, emitted in replica order.
-        ds = make_batches().map(lambda *t: tuple(
-            tf.reshape(u, [replicas, per_replica, *u.shape[1:]])[first:first + local] for u in t
-        ))
-        return ds.unbatch()
+        return ds.map(lambda *t: tuple(tf.reshape(u, [local, batch // local, *u.shape[1:]])
+                                       for u in t)).unbatch()
 
     return strategy.distribute_datasets_from_function(dataset_fn)

@@ -22,15 +22,13 @@ from typing import Any
 import yaml
 
 from tfdist.compression import BUILT_IN as COMPRESSORS
-from tfdist.tools.engines import ENGINES, make_compressor
+from tfdist.tools.engines import ENGINES
+from tfdist.tools.errors import ConfigError
+from tfdist.tools.parts import make_offload, make_parts, metrics_of, part_makers  # noqa: F401
 
 # The built-in models (`tfdist.tools.models.MODELS`, whose module imports Keras): named here so
 # that checking a config never imports TensorFlow. tests/test_config.py keeps the two equal.
 MODELS = ("cnn", "mlp", "resnet50", "transformer")
-
-
-class ConfigError(ValueError):
-    """A config is invalid; the message lists every problem found."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +136,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
                          "function"),
     },
     "data": {
-        "name": _builtin_or_function(("digits", "synthetic"), "digits"),
+        "name": _builtin_or_function(("digits", "synthetic", "records"), "digits"),
+        # records: a record set written by `tfdist data convert` (each worker reads its slice).
+        "path": _text("a directory (data.name records: a record set written by `tfdist data "
+                      "convert`), or null", None, nullable=True),
+        "decode": Field(None, (str, type(None)), "'module.path:function' decoding one record "
+                        "to (x, y) (data.name records of your own records), or null",
+                        lambda v: v is None or bool(_FUNCTION.match(v))),
         "options": Field({}, (dict,), "a mapping of keyword arguments for your own data "
                          "function"),
         "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64, most=2**24),
@@ -156,6 +160,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name": Field("mirrored", (str,), f"one of {list(ENGINES)}, or your own JobEngine "
                       "subclass as 'module.path:Class' (tfdist.tools.engines)",
                       lambda v: v in ENGINES or bool(_FUNCTION.match(v)), choices=tuple(ENGINES)),
+        "options": Field({}, (dict,), "a mapping of your own engine's options (the fields of "
+                         "its JobEngine.Options; the built-in engines take none)"),
         "devices": _int("an integer >= 1 (this machine's devices, logical CPU devices when "
                         "there is no GPU; more come from more workers: engine.name "
                         "multi_worker)", lambda v: v >= 1, 2, most=MAX_DEVICES),
@@ -349,7 +355,7 @@ def _given_checks(raw: dict, c: dict[str, dict[str, Any]]) -> list[str]:
             c["optimizer"]["name"] != "sgd":
         errors.append(f"optimizer.momentum: optimizer.name {c['optimizer']['name']!r} takes no "
                       "momentum (adam's beta_1 plays that part); remove it, or use sgd")
-    for section, builtins in (("model", MODELS), ("data", ("digits", "synthetic"))):
+    for section, builtins in (("model", MODELS), ("data", ("digits", "synthetic", "records"))):
         if c[section]["options"] and c[section]["name"] in builtins:
             errors.append(f"{section}.options: the built-in {section} {c[section]['name']!r} "
                           f"takes none (they are the arguments of your own {section} function, "
@@ -358,6 +364,14 @@ def _given_checks(raw: dict, c: dict[str, dict[str, Any]]) -> list[str]:
         for key in ("num_examples", "input_shape"):
             if given("data", key):
                 errors.append(f"data.{key}: only for data.name synthetic; remove it")
+    if c["data"]["name"] == "records" and not c["data"]["path"]:
+        errors.append("data.path: data.name records reads a record set: give its directory "
+                      "(written by `tfdist data convert`)")
+    if c["data"]["name"] != "records":
+        for key in ("path", "decode"):
+            if c["data"][key] is not None:
+                errors.append(f"data.{key}: only for data.name records; remove it, or set "
+                              "data.name: records")
     return errors
 
 
@@ -463,6 +477,10 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append(f"engine.horovod_pack: false hands Horovod each gradient; engine.name "
                       f"{engine['name']!r} does not run Horovod: remove it, or use engine.name "
                       "horovod")
+    try:
+        kind.read_options(engine["options"])
+    except ValueError as e:
+        errors.append(f"engine.options: {e}")
     errors += kind.check(c)
     if c["optimizer"]["nan_policy"] == "skip" and not kind.tfdist_optimizer:
         errors.append(f"optimizer.nan_policy: 'skip' is a tfdist optimizer's check of the reduced "
@@ -502,67 +520,9 @@ def _zero_checks(c: dict[str, dict[str, Any]]) -> list[str]:
     return errors
 
 
-def make_offload(opt: dict[str, Any]):
-    """The `tfdist.zero.Offload` a validated `optimizer` section asks for, or None."""
-    from tfdist.zero import Offload
-
-    if opt["offload"] is None:
-        return None
-    directory = opt["offload_dir"] and os.path.expanduser(opt["offload_dir"])
-    return Offload(opt["offload"], directory if opt["offload"] == "disk" else None,
-                   budget_bytes=int(opt["offload_budget_mb"] * 2**20))
-
-
-def metrics_of(train: dict[str, Any]) -> list[str]:
-    """The metrics a validated `train` section asks for: `train.metrics`, or the task's (a
-    crossentropy loss is a classification: accuracy; any other a regression: mae)."""
-    if train["metrics"] is not None:
-        return list(train["metrics"])
-    return ["accuracy"] if "crossentropy" in train["loss"] else ["mae"]
-
-
-def make_parts(c: dict[str, dict[str, Any]]) -> list:
-    """The `tfdist.DistributedOptimizer` parts a config describes: its gradient exchange
-    (`compression`), accumulation (`optimizer.accumulation_steps`) and local SGD (`averaging`).
-    Building them is how the config is validated: the constructors' own checks apply."""
-    return [part for _, make in _part_makers(c) for part in make()]
-
-
-def _part_makers(c: dict[str, dict[str, Any]]):
-    """(section, function building that section's parts), one per section."""
-    from tfdist.averaging import HierarchicalSchedule, PeriodicSchedule
-    from tfdist.optimizers import Accumulation, AutoExchange, GradientExchange, LocalSGD
-
-    comp, avg, opt = c["compression"], c["averaging"], c["optimizer"]
-
-    def exchange():
-        if comp["name"] == "auto":  # picked from the measured link (tfdist.optimizers.auto)
-            return [AutoExchange(**comp["options"])]
-        bucket = None if comp["bucket_mb"] is None else max(1, int(comp["bucket_mb"] * 2**20))
-        return [GradientExchange(make_compressor(comp), comp["min_size"], comp["compress_1d"],
-                                 comp["start_step"], comp["batched"], bucket)]
-
-    def accumulation():
-        steps = opt["accumulation_steps"]
-        return [Accumulation(steps)] if steps > 1 else []
-
-    def local_sgd():
-        if avg["period"] is None:
-            return []
-        schedule = (PeriodicSchedule(avg["period"], avg["warmup_steps"])
-                    if avg["intra_period"] is None else
-                    HierarchicalSchedule(avg["intra_period"], avg["period"], avg["warmup_steps"],
-                                         avg["host_size"]))
-        return [LocalSGD(schedule, avg["outer"], avg["topology"],
-                         avg["average_optimizer_state"])]
-
-    # In the order the parts run: accumulation, local SGD, then the exchange.
-    return [("optimizer", accumulation), ("averaging", local_sgd), ("compression", exchange)]
-
-
 def _build_errors(c: dict[str, dict[str, Any]]) -> list[str]:
     errors = []
-    for section, make in _part_makers(c):
+    for section, make in part_makers(c):
         try:
             make()
         except (TypeError, ValueError) as e:

@@ -133,7 +133,7 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
     import keras
 
     import tfdist  # noqa: F401  (registers tfdist's classes: a saved model may use them)
-    from tfdist.tools.runner import inner_optimizer, load_data, make_model
+    from tfdist.tools.workload import inner_optimizer, load_data, make_model
 
     if args.model_file:
         if not Path(args.model_file).is_file():

@@ -19,8 +19,8 @@ arithmetic whatever the network), at that step time.
 Once the limit has run, every run of that cluster gets a per-step breakdown (`breakdown`):
 compute, the limit's step (measured: the forward and backward passes and the optimizer's
 update); wire, the bytes the worker sends per step (counted by its optimizer; for Keras' own
-exchange, its formula: `tfdist.tools.runner.keras_exchange`) at the link's rate; compressor, the
-compressor's own work on the model's gradients (measured in this process over a loopback
+exchange, its formula: `tfdist.tools.engines.data_parallel.keras_exchange`) at the link's
+rate; compressor, the compressor's own work on the model's gradients (measured in this process over a loopback
 communicator, as the compressors suite does); and the rest of the step (latency, framework
 work, the hosts sharing this machine's cores), negative where communication overlapped
 computation.
@@ -248,7 +248,7 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
          progress: Progress) -> dict:
     """One run on the cluster (`tfdist train` per host); returns host 0's summary plus the
     bytes each host sent on its link."""
-    from tfdist.tools.runner import EVAL_TAG
+    from tfdist.tools.workload import EVAL_TAG
 
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -381,8 +381,8 @@ def compressor_ms(run_dir: Path, repeats: int = 10, picked: str | None = None) -
     from tfdist import compression
     from tfdist.optimizers import AutoExchange
     from tfdist.tools.bench.compressors import time_exchange
-    from tfdist.tools.engines import make_compressor
-    from tfdist.tools.runner import load_data, make_model
+    from tfdist.tools.parts import make_compressor
+    from tfdist.tools.workload import load_data, make_model
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     section = config["compression"]

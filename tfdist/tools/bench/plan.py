@@ -95,7 +95,7 @@ def job_model(job: list[str]) -> JobModel:
     """The model of a bench suite's job (its config overrides)."""
     from tfdist.plan import embedding_rows
     from tfdist.tools.config import load_config
-    from tfdist.tools.runner import load_data, make_model
+    from tfdist.tools.workload import load_data, make_model
 
     config = load_config(None, job)
     model = make_model(config, load_data(config))

@@ -1,0 +1,254 @@
+"""Record sets (`tfdist.data.records`): the same global batches as arrays in memory, each
+reader reading only its slice, a resume reading nothing before its position, and a set that is
+cut short or decodes wrong said in one line naming the file and the record."""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.test_resume import Crash, CrashAfter
+from tfdist.data import RecordError, RecordSource, convert_arrays, record_batches
+
+BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def digits_records(tmp_path_factory):
+    """The digits set as a record set of several shards, and its train split as arrays."""
+    out = tmp_path_factory.mktemp("records") / "digits"
+    x, y = tfdist.data.load_digits("all")
+    convert_arrays(out, x, y, test_fraction=0.2, seed=0, shard_mb=0.05)
+    return out, tfdist.data.load_digits("train", 0.2, 0)
+
+
+def _batches(dataset, n):
+    return list(dataset.take(n).as_numpy_iterator())
+
+
+def test_a_record_set_gives_the_global_batches_of_its_arrays(digits_records):
+    """Converted digits == load_digits' split; its batches == global_batches' over 3 epochs
+    (across epoch boundaries), from step 0 and from a later step."""
+    path, (x, y) = digits_records
+    source = RecordSource(path)
+    assert len(source.files) > 1 and len(source) == len(y)
+    per_epoch = len(y) // BATCH
+    for start in (0, per_epoch - 1):
+        mine = _batches(record_batches(source, BATCH, seed=7, start=start), 3 * per_epoch)
+        theirs = _batches(tfdist.data.global_batches(x, y, BATCH, seed=7, start=start),
+                          3 * per_epoch)
+        for (a, b), (c, d) in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, d)
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_each_reader_reads_only_its_slice_and_the_slices_make_the_global_batch(digits_records,
+                                                                               count):
+    """N readers: reader i's batches are slice i of each global batch, and over one epoch each
+    reads exactly its 1/N of the epoch's records."""
+    path, (x, y) = digits_records
+    per_epoch = len(y) // BATCH
+    whole = _batches(tfdist.data.global_batches(x, y, BATCH, seed=1, repeat=False), per_epoch)
+    slices = []
+    for i in range(count):
+        source = RecordSource(path)
+        slices.append(list(record_batches(source, BATCH, seed=1, shard=(i, count),
+                                          repeat=False).as_numpy_iterator()))
+        assert source.records_read == per_epoch * BATCH // count
+    for step, (gx, gy) in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([s[step][0] for s in slices]), gx)
+        np.testing.assert_array_equal(np.concatenate([s[step][1] for s in slices]), gy)
+
+
+def test_a_resume_reads_no_record_before_its_position(digits_records):
+    """Starting at global batch 10,000 (455 epochs in) reads what the prefetch asks, no more
+    than from batch 10: not the job so far; the first batch is the uninterrupted run's."""
+    path, (x, y) = digits_records
+    read = {}
+    for start in (10, 10_000):
+        source = RecordSource(path)
+        first = _batches(record_batches(source, BATCH, seed=3, start=start), 1)[0]
+        expected = _batches(tfdist.data.global_batches(x, y, BATCH, seed=3, start=start), 1)[0]
+        np.testing.assert_array_equal(first[0], expected[0])
+        read[start] = source.records_read
+    epoch = (len(y) // BATCH) * BATCH
+    assert read[10_000] < epoch and read[10] < epoch, read
+
+
+def test_a_truncated_or_missing_file_is_said_naming_it(digits_records, tmp_path):
+    path, _ = digits_records
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in path.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    shard = sorted(broken.glob("train-*.tfrecord"))[1]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(RecordError, match=f"{shard.name}: .* bytes where its index says"):
+        RecordSource(broken)
+    shard.with_name(shard.name + ".index").unlink()
+    with pytest.raises(RecordError, match=f"{shard.name}: no index"):
+        RecordSource(broken)
+    with pytest.raises(RecordError, match="holds no test records"):
+        for f in broken.glob("test-*"):
+            f.unlink()
+        RecordSource(broken, "test")
+    with pytest.raises(RecordError, match="has no records.json: it is not a record set"):
+        RecordSource(tmp_path)
+    with pytest.raises(RecordError, match="already holds a record set"):
+        convert_arrays(path, np.zeros((4, 2)), np.zeros(4))
+
+
+def test_a_decode_function_that_does_not_fit_stops_before_training(digits_records, tmp_path,
+                                                                   monkeypatch):
+    """data.decode that fails on a record, or records of one's own without a decode function:
+    one line naming the key, the file and the record, before anything trains."""
+    from tfdist.tools.config import load_config
+    from tfdist.tools.errors import ConfigError
+    from tfdist.tools.workload import load_data
+
+    path, _ = digits_records
+    (tmp_path / "bad_decode.py").write_text(
+        "import tensorflow as tf\n\n\ndef decode(record):\n"
+        "    return tf.io.decode_raw(record, tf.float64), 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(None, ["data.name=records", f"data.path={path}",
+                                "data.decode=bad_decode:decode"])
+    with pytest.raises(ConfigError, match=r"data.decode: record 0 of .*train-00000-of-.*"
+                                          r"\.tfrecord \(record 0 there\) does not decode"):
+        load_data(config)
+    with pytest.raises(ConfigError, match="data.path: data.name records reads a record set"):
+        load_config(None, ["data.name=records"])
+    with pytest.raises(ConfigError, match="data.path: only for data.name records"):
+        load_config(None, [f"data.path={path}"])
+
+
+def test_records_of_ones_own_train_with_ones_decode_function(tmp_path, monkeypatch):
+    """TFRecord files of one's own, converted (each record kept as written), train with the
+    user's decode function; without one, the run is refused naming data.decode."""
+    from tfdist.data import convert_tfrecords
+    from tfdist.tools.config import load_config
+    from tfdist.tools.errors import ConfigError
+    from tfdist.tools.workload import load_data
+
+    x, y = tfdist.data.synthetic_classification(300, (6,), 3, seed=0)
+    files = [str(tmp_path / f"part-{i}.tfrecord") for i in range(3)]
+    for i, name in enumerate(files):
+        with tf.io.TFRecordWriter(name) as writer:
+            for k in range(i * 100, (i + 1) * 100):
+                writer.write(tf.io.serialize_tensor(
+                    tf.concat([x[k], [float(y[k])]], 0)).numpy())
+    meta = convert_tfrecords(tmp_path / "mine", files, test_fraction=0.25, seed=0)
+    assert meta["splits"]["train"]["records"] + meta["splits"]["test"]["records"] == 300
+    assert 45 <= meta["splits"]["test"]["records"] <= 105
+    (tmp_path / "my_decode.py").write_text(
+        "import tensorflow as tf\n\n\ndef decode(record):\n"
+        "    v = tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), [7])\n"
+        "    return v[:6], tf.cast(v[6], tf.int32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="data.decode: the records at .* are your own"):
+        load_data(load_config(None, ["data.name=records", f"data.path={tmp_path / 'mine'}"]))
+    data = load_data(load_config(None, ["data.name=records", f"data.path={tmp_path / 'mine'}",
+                                        "data.decode=my_decode:decode", "data.num_classes=3"]))
+    assert data.input_shape == (6,) and data.num_classes == 3
+    batch = _batches(data.global_batches(32, seed=0), 1)[0]
+    rows = {tuple(np.round(r, 5)) for r in x}
+    assert all(tuple(np.round(r, 5)) in rows for r in batch[0])
+
+
+def _train_on_records(strategy, path, directory=None, stop=None):
+    """The digits MLP on 2 replicas, 3 epochs of the record set, backed up every 8 steps;
+    returns (the model, the records this run read)."""
+    from tests.workers import common
+
+    source = RecordSource(path)
+    with strategy.scope():
+        model = common.make_model(hidden=(32,))
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
+                      loss="sparse_categorical_crossentropy")
+    callbacks, start = [], 0
+    if directory is not None:
+        backup = tfdist.callbacks.BackupAndRestore(directory, save_freq=8)
+        callbacks, start = [backup], backup.data_start
+    if stop is not None:
+        callbacks.append(CrashAfter(stop))
+    data = tfdist.data.distribute_shards(strategy, lambda p, n: record_batches(
+        source, BATCH, seed=3, shard=(p, n), start=start))
+    with contextlib.suppress(Crash):
+        model.fit(data, epochs=3, steps_per_epoch=STEPS, verbose=0, callbacks=callbacks)
+    return model, source.records_read
+
+
+STEPS = 22  # one epoch of the digits' 1,438 training records in batches of 64
+
+
+def test_a_run_on_records_resumes_exactly_and_reads_only_what_is_left(mirrored, digits_records,
+                                                                      tmp_path):
+    """Stopped after step 59 of 66 (last backup at step 56), run again: the weights of a run
+    never stopped, and the rerun read the 10 batches left, not the 56 before them. What it
+    reads beyond them does not grow with the position: tf.data's read-ahead (about 8 batches
+    here) and the batch of the first iterator Keras' fit draws and drops under a strategy."""
+    path, _ = digits_records
+    straight, _ = _train_on_records(mirrored(2), path)
+    _train_on_records(mirrored(2), path, tmp_path / "backup", stop=59)
+    resumed, read = _train_on_records(mirrored(2), path, tmp_path / "backup")
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    left = (3 * STEPS - 56) * BATCH
+    assert left <= read <= left + 24 * BATCH < 56 * BATCH, read / BATCH
+
+
+@pytest.mark.multiprocess
+def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(digits_records,
+                                                                              tmp_path):
+    """`tfdist train` on the digits record set, 10 epochs: one device, 2 TF_CONFIG workers (and
+    2 Horovod ranks where Horovod is built) end with the same weights as one device on the
+    digits arrays, and each worker read its half of the records the job trained on, plus a
+    read-ahead that does not grow with the job (at most 20 of its slices): 55% at most."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, horovod_available, worker_env
+    from tfdist.tools.launch import run_horovod, run_tf_workers
+
+    path, _ = digits_records
+
+    def job(run, engine, *data):
+        return [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+                f"engine.name={engine}", "--set", "train.epochs=10", "--set", "model.name=mlp",
+                "--set", f"train.output_dir={tmp_path}", "--set", f"train.run_name={run}",
+                "--set", "train.verbose=0", *data]
+
+    records = ["--set", "data.name=records", "--set", f"data.path={path}"]
+    for run, engine, data in (("arrays", "single", []), ("records", "single", records)):
+        out = subprocess.run(job(run, engine, *data), capture_output=True, text=True, cwd=ROOT,
+                             env=worker_env(), timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    workers = run_tf_workers(job("multi_worker", "multi_worker", *records), 2, 300,
+                             env=worker_env())
+    assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
+    runs = ["records", "multi_worker"]
+    if horovod_available():
+        result = run_horovod(job("horovod", "horovod", *records), 2, 300, env=worker_env())
+        assert result.returncode == 0, result.output[-3000:]
+        runs.append("horovod")
+    summary = {run: json.loads((tmp_path / run / "summary.json").read_text())
+               for run in ["arrays", *runs]}
+    trained = 10 * STEPS * BATCH
+    assert summary["records"]["records_read"] >= trained
+    for run in runs[1:]:
+        read = summary[run]["records_read"]
+        assert summary[run]["world_size"] == 2
+        assert trained / 2 <= read <= trained / 2 + 20 * BATCH / 2, (run, read)
+        assert read <= 0.55 * trained
+    weights = {run: keras.saving.load_model(tmp_path / run / "model.keras").get_weights()
+               for run in ["arrays", *runs]}
+    for run in runs:
+        for a, b in zip(weights["arrays"], weights[run], strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=run)

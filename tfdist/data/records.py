@@ -1,0 +1,494 @@
+"""Record sets: data larger than memory, each record read directly by its index.
+
+A record set is a directory of TFRecord shards (`train-00000-of-00004.tfrecord`, ...), each
+with an index of where its records start (`.index` beside it: int64 offsets, one per record plus
+the shard's end), and `records.json` saying what the records hold. The shards are plain TFRecord
+files (any TFRecord reader reads them); the index is what makes record i one seek and one read,
+so that:
+
+* the global batches stay a pure function of (seed, epoch) over record indices
+  (`tfdist.data.epoch_order`), the same whatever the number of workers;
+* worker i of N reads only the records of its slice of each global batch (`record_batches`
+  with `shard=(i, N)`), and decodes them in parallel;
+* a resume at global batch s computes where to read from s alone: nothing already trained on is
+  read again, and the time to the first step does not grow with s.
+
+Written by `tfdist data convert` (or `write_records`) from NumPy arrays or TFRecord files;
+read by `RecordSource`. Records written from arrays are `tf.train.Example`s with the example's
+raw bytes ("x") and its label ("y"), which `decode_example` turns back into tensors; records of
+your own (TFRecord input) need a decode function of yours: `decode(record) -> (x, y)`, a
+function of TensorFlow ops on one scalar string.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+META = "records.json"
+FORMAT = "tfdist-records/1"
+_HEADER = 12  # uint64 length + uint32 masked CRC of the length
+_FOOTER = 4  # uint32 masked CRC of the data
+READ_AHEAD = 1  # batches read at once, ahead of the one being decoded
+DECODERS = max(2, os.cpu_count() or 2)  # records decoded at once
+
+
+class RecordError(ValueError):
+    """A record set that cannot be read as it should: the message names the file and the
+    record, and what to do.
+
+    Example:
+        ```python
+        try:
+            tfdist.data.RecordSource("/nonexistent")
+        except tfdist.data.RecordError as e:
+            print(e)  # data.path: /nonexistent is not a directory; give the directory ...
+        ```
+    """
+
+
+# -- reading -----------------------------------------------------------------------------------
+class RecordSource:
+    """The records of one split of a record set, by index: `len(source)`, `source.read(ids)`.
+
+    Args:
+        path: The record set's directory (written by `tfdist data convert`).
+        split: "train" or "test". Defaults to "train".
+
+    Attributes:
+        meta: The record set's `records.json` (what a record holds, how many there are).
+        records_read: Records this process has read so far (every `read`).
+
+    Raises:
+        RecordError: no shard of `split` in `path`, a shard without its index, or a shard
+            shorter than its index says (truncated): naming the file.
+
+    Example:
+        ```python
+        import tempfile
+
+        path = tempfile.mkdtemp() + "/digits"
+        tfdist.data.convert_arrays(path, *tfdist.data.load_digits("all"))
+        source = tfdist.data.RecordSource(path)
+        assert len(source) == 1438 and len(source.read([0, 5])) == 2
+        ```
+    """
+
+    def __init__(self, path: str | os.PathLike, split: str = "train"):
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise RecordError(f"data.path: {self.path} is not a directory; give the directory "
+                              "`tfdist data convert` wrote")
+        self.meta = _read_meta(self.path)
+        self.split = split
+        self.files = sorted(self.path.glob(f"{split}-*.tfrecord"))
+        if not self.files:
+            raise RecordError(f"data.path: {self.path} holds no {split} records "
+                              f"({split}-*.tfrecord); write them with `tfdist data convert`")
+        self._offsets = [_read_index(f) for f in self.files]
+        counts = [len(o) - 1 for o in self._offsets]
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.records_read = 0
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    def locate(self, index: int) -> tuple[Path, int]:
+        """(the shard file, the record's number in it) of record `index`."""
+        shard = int(np.searchsorted(self._first, index, side="right")) - 1
+        return self.files[shard], int(index - self._first[shard])
+
+    def read(self, indices: Iterable[int]) -> list[bytes]:
+        """The records at `indices` (in that order), each one seek and one read."""
+        indices = np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices,
+                             dtype=np.int64).reshape(-1)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise RecordError(f"record index out of range: {self.split} records of "
+                              f"{self.path} are 0..{len(self) - 1}")
+        shards = np.searchsorted(self._first, indices, side="right") - 1
+        out = []
+        for index, shard in zip(indices.tolist(), shards.tolist(), strict=True):
+            within = index - int(self._first[shard])
+            begin, end = self._offsets[shard][within], self._offsets[shard][within + 1]
+            handle = self._handle(shard)
+            handle.seek(int(begin))
+            framed = handle.read(int(end - begin))
+            if len(framed) != end - begin:
+                raise RecordError(f"{self.files[shard]}: record {within} (index {index}) is cut "
+                                  "short: the file is truncated; write it again with `tfdist "
+                                  "data convert`")
+            (length,) = struct.unpack("<Q", framed[:8])
+            if length != end - begin - _HEADER - _FOOTER:
+                raise RecordError(f"{self.files[shard]}: record {within} (index {index}) does "
+                                  "not match its index: the file or its .index changed; write "
+                                  "them again with `tfdist data convert`")
+            out.append(framed[_HEADER:_HEADER + length])
+        with self._lock:
+            self.records_read += len(out)
+        return out
+
+    def _handle(self, shard: int):
+        """This thread's open file of `shard` (tf.data calls `read` from several threads)."""
+        handles = getattr(self._local, "handles", None)
+        if handles is None:
+            handles = self._local.handles = {}
+        if shard not in handles:
+            handles[shard] = open(self.files[shard], "rb")  # noqa: SIM115 (kept open)
+        return handles[shard]
+
+
+AGAIN = "write the set again with `tfdist data convert`"
+
+
+def _load(path: Path, read: Callable[[Path], Any], missing: str):
+    """`read(path)`, or a RecordError: `missing` when there is no such file, else what was
+    wrong with it."""
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise RecordError(f"{missing}; {AGAIN}") from None
+    except (OSError, ValueError) as e:
+        raise RecordError(f"{path}: unreadable ({e}); {AGAIN}") from None
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    meta = _load(path / META, lambda p: json.loads(p.read_text()),
+                 f"data.path: {path} has no {META}: it is not a record set written by `tfdist "
+                 "data convert`")
+    if meta.get("format") != FORMAT:
+        raise RecordError(f"{path / META}: format {meta.get('format')!r}, this tfdist reads "
+                          f"{FORMAT!r}; convert the data again")
+    return meta
+
+
+def _read_index(shard: Path) -> np.ndarray:
+    index = shard.with_name(shard.name + ".index")
+    offsets = _load(index, lambda p: np.load(p, allow_pickle=False),
+                    f"{shard}: no index ({index.name})")
+    size = shard.stat().st_size
+    if offsets.ndim != 1 or len(offsets) < 1 or offsets[-1] != size:
+        end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else 0
+        raise RecordError(f"{shard}: {size:,} bytes where its index says {end:,} (a truncated "
+                          "or replaced file); write the set again with `tfdist data convert`")
+    return offsets
+
+
+# -- the global batches, read by index ---------------------------------------------------------
+def decode_example(meta: dict[str, Any]) -> Callable:
+    """The decode function of records written from arrays (`write_records`): one serialized
+    `tf.train.Example` -> (x, y) with the dtypes and shapes `meta` (records.json) gives."""
+    import tensorflow as tf
+
+    x_spec, y_spec = meta["x"], meta["y"]
+    x_dtype, y_dtype = tf.as_dtype(x_spec["dtype"]), tf.as_dtype(y_spec["dtype"])
+    features = {"x": tf.io.FixedLenFeature([], tf.string),
+                "y": tf.io.FixedLenFeature([], tf.string)}
+
+    def decode(record):
+        parsed = tf.io.parse_single_example(record, features)
+        x = tf.reshape(tf.io.decode_raw(parsed["x"], x_dtype), x_spec["shape"])
+        y = tf.reshape(tf.io.decode_raw(parsed["y"], y_dtype), y_spec["shape"])
+        return x, y
+
+    return decode
+
+
+def record_batches(source: RecordSource, global_batch_size: int, seed: int = 0,
+                   decode: Callable | None = None, shard: tuple[int, int] = (0, 1),
+                   shuffle: bool = True, repeat: bool = True,
+                   start: int | Callable[[], int] = 0):
+    """Slice `shard[0]` of `shard[1]` of each global batch of `source`, reading only that slice.
+
+    The global batches are those `tfdist.data.global_batches` makes of arrays of the same
+    length: data epoch e is the records in the order `epoch_order(len(source), seed, e)`, cut
+    into len(source) // global_batch_size batches. So 1 worker (`shard=(0, 1)`) and N workers
+    (`shard=(i, N)`, each reading 1/N of every batch) train on the same examples, and arrays
+    and their record set give the same batches.
+
+    Args:
+        source: The records (`RecordSource`).
+        global_batch_size: Examples per global batch, in [1, len(source)]; divides by
+            `shard[1]`.
+        seed: Seed of the shuffle (an int >= 0).
+        decode: record -> (x, y), TensorFlow ops on one scalar string. Defaults to the decoder
+            of records written from arrays (`decode_example`).
+        shard: (this reader's slice, the number of slices). Defaults to (0, 1), everything.
+        shuffle: Shuffle each epoch (else the stored order). Defaults to True.
+        repeat: Epoch after epoch forever (else to the end of the epoch `start` is in).
+        start: Global batches already trained on: an int, or a callable called whenever an
+            iterator is made (`BackupAndRestore.data_start`). Nothing before it is read.
+
+    Returns:
+        A `tf.data.Dataset` of (x, y) batches of global_batch_size // shard[1] examples.
+
+    Example:
+        ```python
+        import tempfile
+
+        path = tempfile.mkdtemp() + "/digits"
+        tfdist.data.convert_arrays(path, *tfdist.data.load_digits("all"))
+        source = tfdist.data.RecordSource(path)
+        mine = tfdist.data.record_batches(source, 64, seed=0, shard=(1, 2))  # worker 1 of 2
+        images, labels = next(iter(mine))
+        assert images.shape == (32, 8, 8, 1) and source.records_read < 64 * 8
+        ```
+    """
+    import tensorflow as tf
+
+    from tfdist.data.datasets import _origin, epoch_order
+
+    n = len(source)
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"`shard` must be (index, count) with 0 <= index < count. Received: "
+                         f"shard={shard!r}")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
+            or not 1 <= global_batch_size <= n or global_batch_size % count:
+        raise ValueError(f"`global_batch_size` must be in [1, {n}] (the records) and divide by "
+                         f"{count} (the slices). Received: global_batch_size={global_batch_size!r}")
+    decode = decode or decode_example(source.meta)
+    per_epoch, local = n // global_batch_size, global_batch_size // count
+
+    def sequence(first):
+        first_epoch = first // per_epoch
+        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max if repeat else first_epoch + 1)
+        slices = epochs.flat_map(lambda e: tf.data.Dataset.from_tensor_slices(tf.reshape(
+            epoch_order(n, seed, e, shuffle)[:per_epoch * global_batch_size],
+            [per_epoch, count, local])[:, index]))
+        return slices.skip(first - first_epoch * per_epoch)  # index vectors only: nothing read
+
+    def read(ids):
+        return tf.ensure_shape(tf.py_function(lambda i: np.array(source.read(i.numpy()),
+                                                                 dtype=object),
+                                              [ids], tf.string), [local])
+
+    # Reads run READ_AHEAD batches ahead, decodes DECODERS records at once: what a run reads
+    # and never trains on stays a few batches (tf.data's autotuning buffers far more, and
+    # Keras' fit under a strategy draws one batch of a first iterator it then drops).
+    batches = (_origin(start).flat_map(sequence)
+               .map(read, num_parallel_calls=READ_AHEAD)
+               .unbatch()
+               .map(decode, num_parallel_calls=DECODERS)
+               .batch(local, drop_remainder=True)
+               .prefetch(1))
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False  # its buffers autotune upwards
+    batches = batches.with_options(options)
+    return batches.apply(tf.data.experimental.assert_cardinality(
+        tf.data.INFINITE_CARDINALITY)) if repeat else batches
+
+
+def test_batches(source: RecordSource, batch_size: int = 256, decode: Callable | None = None):
+    """Every record of `source` once, in order, in batches (the last one partial)."""
+    import tensorflow as tf
+
+    decode = decode or decode_example(source.meta)
+    n = len(source)
+    return (tf.data.Dataset.range(0, n, batch_size)
+            .map(lambda b: tf.py_function(
+                lambda s: np.array(source.read(range(int(s), min(int(s) + batch_size, n))),
+                                   dtype=object), [b], tf.string))
+            .unbatch().map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size))
+
+
+# -- writing -----------------------------------------------------------------------------------
+class _ShardWriter:
+    """Writes one split's shards of at most `shard_bytes` each, with their indexes."""
+
+    def __init__(self, out: Path, split: str, shard_bytes: int):
+        self.out, self.split, self.shard_bytes = out, split, shard_bytes
+        self.written: list[Path] = []
+        self.count = 0
+        self._file = None
+
+    def add(self, record: bytes) -> None:
+        framed = _HEADER + len(record) + _FOOTER
+        if self._file is None or (self._offsets[-1] + framed > self.shard_bytes
+                                  and len(self._offsets) > 1):
+            self._close()
+            import tensorflow as tf
+
+            path = self.out / f"{self.split}-{len(self.written):05d}.partial"
+            self._file, self._offsets = tf.io.TFRecordWriter(str(path)), [0]
+            self.written.append(path)
+        self._file.write(record)
+        self._offsets.append(self._offsets[-1] + framed)
+        self.count += 1
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            np.save(self.written[-1].with_suffix(".index.npy"),
+                    np.asarray(self._offsets, np.int64))
+            self._file = None
+
+    def finish(self) -> list[Path]:
+        """Closes the last shard and names them `split-0000i-of-0000n.tfrecord` (+ .index)."""
+        self._close()
+        final = []
+        for i, partial in enumerate(self.written):
+            name = f"{self.split}-{i:05d}-of-{len(self.written):05d}.tfrecord"
+            os.replace(partial.with_suffix(".index.npy"), self.out / f"{name}.index")
+            os.replace(partial, self.out / name)
+            final.append(self.out / name)
+        return final
+
+
+def _example(x: np.ndarray, y: np.ndarray) -> bytes:
+    import tensorflow as tf
+
+    feature = {k: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.tobytes()]))
+               for k, v in (("x", x), ("y", y))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_records(out: str | os.PathLike, splits: dict[str, Iterable[bytes]],
+                  meta: dict[str, Any], shard_mb: float = 256.0,
+                  progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """Writes a record set: each split's records (an iterable of serialized records) into
+    shards of at most `shard_mb` MB with their indexes, and `records.json` (`meta` plus the
+    counts). A set is complete only once `records.json` is written (last); a directory that
+    holds one already is refused. Returns the meta written."""
+    out = Path(out)
+    if (out / META).exists():
+        raise RecordError(f"{out} already holds a record set; choose another directory or "
+                          "remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    if not 0 < shard_mb <= 2**20:
+        raise ValueError(f"`shard_mb` must be in (0, 1048576]. Received: shard_mb={shard_mb}")
+    counts = {}
+    for split, records in splits.items():
+        writer = _ShardWriter(out, split, int(shard_mb * 2**20))
+        for record in records:
+            writer.add(record)
+            if progress is not None:
+                progress(split, writer.count)
+        counts[split] = {"records": writer.count, "shards": len(writer.finish())}
+    meta = {"format": FORMAT, **meta, "splits": counts}
+    partial = out / f".partial-{META}"
+    partial.write_text(json.dumps(meta, indent=2))
+    os.replace(partial, out / META)
+    return meta
+
+
+def convert_arrays(out: str | os.PathLike, x: np.ndarray, y: np.ndarray,
+                   test_fraction: float = 0.2, seed: int = 0, shard_mb: float = 256.0,
+                   progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """A record set of arrays (x, y): split as `tfdist.data.load_digits` splits, by a seeded
+    permutation whose first `test_fraction` is the test split and the rest the train split, in
+    that order (so the digits set converted gives `load_digits("train", test_fraction, seed)`,
+    and `record_batches` the same batches as `global_batches` of those arrays). Returns the
+    meta written.
+
+    Example:
+        ```python
+        import tempfile
+
+        x, y = tfdist.data.load_digits("all")
+        meta = tfdist.data.convert_arrays(tempfile.mkdtemp() + "/digits", x, y, test_fraction=0.2)
+        assert meta["splits"]["train"]["records"] == 1438
+        ```
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) != len(y) or len(y) < 2:
+        raise ValueError(f"`x` and `y` must have the same length, at least 2. Received: "
+                         f"{len(x)} and {len(y)}")
+    if not 0 <= test_fraction < 1:
+        raise ValueError(f"`test_fraction` must be in [0, 1). Received: {test_fraction}")
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    meta = {"source": "arrays",
+            "x": {"dtype": x.dtype.name, "shape": list(x.shape[1:])},
+            "y": {"dtype": y.dtype.name, "shape": list(y.shape[1:])}}
+    if np.issubdtype(y.dtype, np.integer):
+        meta["num_classes"] = int(y.max()) + 1
+    return write_records(out, {"train": (_example(x[i], y[i]) for i in train),
+                               "test": (_example(x[i], y[i]) for i in test)},
+                         meta, shard_mb, progress)
+
+
+def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: float = 0.2,
+                      seed: int = 0, shard_mb: float = 256.0,
+                      progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """A record set of the records of TFRecord `files` (read once, in order, never held in
+    memory whole): record k goes to the test split when a seeded hash of k falls below
+    `test_fraction`. The records stay yours: train on them with your decode function
+    (`data.decode`). Returns the meta written.
+
+    Example:
+        ```python
+        import tempfile
+
+        folder = tempfile.mkdtemp()
+        with tf.io.TFRecordWriter(f"{folder}/mine.tfrecord") as writer:
+            for k in range(100):
+                writer.write(tf.io.serialize_tensor(tf.fill([4], float(k))).numpy())
+        meta = tfdist.data.convert_tfrecords(f"{folder}/records", [f"{folder}/mine.tfrecord"])
+        assert sum(s["records"] for s in meta["splits"].values()) == 100
+        ```
+    """
+    import tensorflow as tf
+
+    if not files:
+        raise RecordError("no TFRecord file to convert; give files or a glob that matches")
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise RecordError(f"{missing[0]}: no such file")
+    rng_key = np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64)
+
+    def split_of(k: int) -> bool:  # a seeded, stateless hash of the record's number
+        h = (np.uint64(k) * np.uint64(0xBF58476D1CE4E5B9) ^ rng_key) * np.uint64(
+            0x94D049BB133111EB)
+        return float(h >> np.uint64(11)) / 2**53 < test_fraction
+
+    def records(test: bool) -> Iterator[bytes]:
+        dataset = tf.data.TFRecordDataset(files)
+        for k, record in enumerate(dataset.as_numpy_iterator()):
+            if split_of(k) == test:
+                yield record
+
+    with np.errstate(over="ignore"):
+        return write_records(out, {"train": records(False), "test": records(True)},
+                             {"source": "tfrecord"}, shard_mb, progress)
+
+
+class Progress:
+    """One line redrawn on a terminal (records written, rate), a line per split elsewhere."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.began = time.time()
+        self.split: str | None = None
+        self.count = 0
+
+    def __call__(self, split: str, count: int) -> None:
+        if split != self.split:
+            self.done()
+            self.split, self.began = split, time.time()
+        self.count = count
+        if self.tty and count % 1000 == 0:
+            self._show("\r")
+
+    def _show(self, start: str) -> None:
+        rate = self.count / max(time.time() - self.began, 1e-9)
+        self.stream.write(f"{start}{self.split}: {self.count:,} records ({rate:,.0f}/s)")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.split is not None:
+            self._show("\r" if self.tty else "")
+            self.stream.write("\n")
+            self.split = None

@@ -1,0 +1,29 @@
+"""One process per `horovodrun` rank: the Horovod engine."""
+
+from __future__ import annotations
+
+from tfdist.tools.engines.base import JobEngine, register
+
+
+@register("horovod")
+class Horovod(JobEngine):
+    """One process per `horovodrun` rank: the Horovod engine. Each rank reads its slice of the
+    global batches; rank 0's initial weights reach every rank."""
+
+    def make(self, config):
+        import tfdist.horovod as thvd
+        from tfdist.comm import resolve
+
+        hierarchical = config["averaging"]["intra_period"] is not None
+        thvd.init(process_sets="dynamic" if hierarchical else None,
+                  cycle_ms=config["engine"]["horovod_cycle_ms"],
+                  pack=config["engine"]["horovod_pack"])
+        return None, resolve()
+
+    def feed(self, source, warmup_epochs, scale):
+        import tfdist.horovod as thvd
+
+        callbacks = [thvd.callbacks.BroadcastGlobalVariables(0), thvd.callbacks.MetricAverage()]
+        if warmup_epochs:
+            callbacks.append(thvd.callbacks.LearningRateWarmup(warmup_epochs))
+        return source.shard(self.rank, self.world_size), callbacks

@@ -884,3 +884,25 @@ def test_an_output_path_that_cannot_be_written_is_named_before_the_run(tmp_path,
     assert code == 2 and captured.out == ""
     assert captured.err == (f"tfdist {argv[0]}: {argv[-2]} {argv[-1]}: {file} is not a "
                             "directory; give a directory you can write\n")
+
+
+def test_a_forgotten_engine_never_trains_several_jobs_alone(tmp_path):
+    """Under `python -m tfdist.launch --workers 2`, the default (one-process) engine is refused
+    in one line naming the fix, on every worker, before anything trains: never two independent
+    jobs ending in exit 0. The Horovod engine in one process outside horovodrun trains, and
+    says once that it trains alone."""
+    launched = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--timeout", "200", "--",
+         *TFDIST, "train", "--set", "train.epochs=1", "--set", f"train.output_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=worker_env(), timeout=300)
+    assert launched.returncode == 2, launched.stderr[-2000:]
+    said = [line for line in (launched.stdout + launched.stderr).splitlines()
+            if "tfdist train: engine.name is 'mirrored'" in line]
+    assert len(said) == 2 and all("engine.name=multi_worker" in line for line in said), said
+    assert not any(tmp_path.glob("*/summary.json"))
+    if horovod_available():
+        alone = _run(["train", "--set", "engine.name=horovod", "--set", "train.epochs=1",
+                      "--set", "train.steps_per_epoch=2", "--set",
+                      f"train.output_dir={tmp_path}"])
+        assert alone.returncode == 0, alone.stderr[-2000:]
+        assert alone.stderr.count("engine.name horovod outside horovodrun") == 1

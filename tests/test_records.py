@@ -252,3 +252,90 @@ def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(d
     for run in runs:
         for a, b in zip(weights["arrays"], weights[run], strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=run)
+
+
+PIPELINE = '''
+import atexit
+import os
+
+import numpy as np
+import tensorflow as tf
+
+PARSED = [0]  # records this process parsed
+FOLDER = os.environ["RECORDS_FOLDER"]
+atexit.register(lambda: open(f"{FOLDER}/parsed-{os.getpid()}", "w").write(str(PARSED[0])))
+
+
+def _count(x):
+    PARSED[0] += 1
+    return x
+
+
+def _parse(record):
+    v = tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), [9])
+    v = tf.ensure_shape(tf.py_function(_count, [v], tf.float32), [9])
+    return tf.ensure_shape(v[:8], [8]), tf.cast(v[8], tf.int32)
+
+
+def sharded(seed, shard=(0, 1)):
+    """16 TFRecord files, interleaved, parsed: input pipeline i of n reads files i, i+n, ..."""
+    index, count = shard
+    files = tf.data.Dataset.list_files(f"{FOLDER}/part-*.tfrecord", shuffle=False)
+    train = (files.shard(count, index)
+             .interleave(tf.data.TFRecordDataset, cycle_length=4)
+             .map(_parse))
+    test = tf.data.TFRecordDataset(f"{FOLDER}/test.tfrecord").map(_parse)
+    return train, test
+
+
+def whole(seed):
+    return sharded(seed)
+'''
+
+
+@pytest.mark.multiprocess
+def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
+    """A TFRecord pipeline of one's own (16 files, interleave, map) on 2 TF_CONFIG workers:
+    given a `shard` parameter, each worker parses half the records the job trains on plus a
+    read-ahead that does not grow with the job (10 epochs: at most 55%); without one, each
+    parses them all, and the run says so in one line."""
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+    from tfdist.tools.launch import run_tf_workers
+
+    x, y = tfdist.data.synthetic_classification(2048 + 256, (8,), 4, seed=0)
+    rows = np.concatenate([x, y[:, None].astype(np.float32)], 1)
+    for i in range(16):
+        with tf.io.TFRecordWriter(str(tmp_path / f"part-{i:02d}.tfrecord")) as writer:
+            for row in rows[i * 128:(i + 1) * 128]:
+                writer.write(tf.io.serialize_tensor(row).numpy())
+    with tf.io.TFRecordWriter(str(tmp_path / "test.tfrecord")) as writer:
+        for row in rows[2048:]:
+            writer.write(tf.io.serialize_tensor(row).numpy())
+    (tmp_path / "my_pipeline.py").write_text(PIPELINE)
+    env = {**worker_env(), "RECORDS_FOLDER": str(tmp_path),
+           "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    for function, epochs in (("sharded", 10), ("whole", 2)):
+        for old in tmp_path.glob("parsed-*"):
+            old.unlink()
+        workers = run_tf_workers(
+            [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+             "engine.name=multi_worker", "--set", f"data.name=my_pipeline:{function}",
+             "--set", "data.num_classes=4", "--set", "model.name=mlp", "--set",
+             f"train.epochs={epochs}", "--set", "train.steps_per_epoch=32", "--set",
+             f"train.output_dir={tmp_path / function}", "--set", "train.verbose=0"], 2, 300,
+            env=env)
+        assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
+        # Parsed by each worker, but the test set (256 records, each worker evaluates it).
+        parsed = [int(f.read_text()) - 256 for f in tmp_path.glob("parsed-*")]
+        trained = epochs * 32 * 64  # the 2,048 training records in batches of 64
+        warned = "reads the whole dataset and keeps 1/2 of each batch" in workers[0].output
+        assert len(parsed) == 2 and warned == (function == "whole")
+        if function == "sharded":
+            # Its half, and tf.data's and Keras' read-ahead, which does not grow with the job
+            # (the iterator fit draws one batch from and drops, the prefetch at its end).
+            assert all(trained / 2 <= p <= trained / 2 + 32 * 32 for p in parsed), parsed
+            assert all(p <= 0.55 * trained for p in parsed), parsed
+        else:
+            assert all(p >= trained for p in parsed), parsed

@@ -11,6 +11,7 @@ import difflib
 import importlib
 import inspect
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,14 +160,20 @@ class Data:
     input_shape: tuple
     num_classes: int | None
     decode: Any = None  # records: record -> (x, y); None: the arrays' own decoder
+    # Your own datasets from a function taking `shard`: (index, count) -> that slice's train
+    # dataset (its own files), read by input pipeline `index` of `count`.
+    sharded: Any = None
+    name: str = ""  # data.name, for what is said about it
     label_shape: tuple | None = None  # records: one example's label, as decoded
 
-    def label_rank(self) -> int:
-        """The dimensions of a batch of labels."""
+    def label_rank(self) -> int | None:
+        """The dimensions of a batch of labels (None: not known before they are read)."""
         if self.arrays:
             return int(np.ndim(self.train[1]))
         shape = self.label_shape if self.records else self.train.element_spec[1].shape
-        return len(shape) + 1
+        return None if shape is None or tf.TensorShape(shape).rank is None else len(shape) + 1
+
+    _warned = False  # said once: every pipeline reads the whole dataset
 
     @property
     def arrays(self) -> bool:
@@ -196,7 +203,16 @@ class Data:
         if self.arrays:
             x, y = self.train
             batches = global_batches(x, y, batch_size, seed=seed, start=start)
+        elif self.sharded is not None and count > 1:  # each pipeline reads its own files
+            local = self.sharded(index, count).batch(batch_size // count, drop_remainder=True)
+            return resume(local.repeat(), start)
         else:
+            if count > 1 and not self._warned:
+                self._warned = True
+                print(f"[tfdist] data.name {self.name}: each of the {count} input pipelines "
+                      f"reads the whole dataset and keeps 1/{count} of each batch ({count}x the "
+                      "reading of its share); give the function a `shard` parameter to read "
+                      "only its own files (docs/guides/data.md)", file=sys.stderr, flush=True)
             batches = resume(self.train.batch(batch_size, drop_remainder=True).repeat(), start)
         return batches if count == 1 else shard_batches(batches, index, count)
 
@@ -257,16 +273,25 @@ def load_data(c: dict[str, Any]) -> Data:
         n_test = max(1, int(round(len(y) * d["test_fraction"])))
         return Data((x[n_test:], y[n_test:]), (x[:n_test], y[:n_test]), tuple(d["input_shape"]),
                     d["num_classes"])
-    out = _call(user_function(d["name"], "data.name"), dict(d["options"]), {"seed": d["seed"]},
-                "data.options")
-    try:
-        train, test = out
-    except (TypeError, ValueError):
-        raise ConfigError(f"data.name: {d['name']} must return (train, test): two (x, y) array "
-                          "pairs or two tf.data datasets of (x, y) examples.") from None
+    function = user_function(d["name"], "data.name")
+    options = dict(d["options"])
+
+    def call(shard: tuple[int, int]):
+        out = _call(function, options, {"seed": d["seed"], "shard": shard}, "data.options")
+        try:
+            train, test = out
+        except (TypeError, ValueError):
+            raise ConfigError(f"data.name: {d['name']} must return (train, test): two (x, y) "
+                              "array pairs or two tf.data datasets of (x, y) examples.") from None
+        return train, test
+
+    train, test = call((0, 1))
     if isinstance(train, tf.data.Dataset):
         x_spec = train.element_spec[0]
-        return Data(train, test, tuple(x_spec.shape), d["num_classes"])
+        takes_shard = "shard" in inspect.signature(function).parameters
+        return Data(train, test, tuple(x_spec.shape), d["num_classes"],
+                    sharded=(lambda i, n: call((i, n))[0]) if takes_shard else None,
+                    name=d["name"])
     (x, y), _ = train, test
     classes = int(np.max(y)) + 1 if np.issubdtype(np.asarray(y).dtype, np.integer) else None
     return Data(train, test, tuple(np.shape(x)[1:]), classes)  # None: regression targets

@@ -10,8 +10,34 @@ import numpy as np
 from tfdist.tools.engines.base import JobEngine, register
 
 
+def tf_config_tasks() -> int:
+    """How many tasks this process' TF_CONFIG names (0 without one)."""
+    import json
+
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except (ValueError, AttributeError):
+        return 0
+    return sum(len(tasks) for tasks in cluster.values()) if isinstance(cluster, dict) else 0
+
+
+class OneProcess(JobEngine):
+    """An engine whose job is this one process: refused where TF_CONFIG makes this process one
+    of several (`python -m tfdist.launch --workers N`), which would train N jobs alone."""
+
+    def start(self, config):
+        tasks = tf_config_tasks()
+        if tasks > 1:
+            raise ValueError(
+                f"it trains in one process, but TF_CONFIG makes this process one of {tasks} "
+                "tasks (python -m tfdist.launch): each would train a job of its own. Set "
+                "engine.name=multi_worker for TF_CONFIG workers (parameter_server with ps "
+                "tasks), or unset TF_CONFIG to train in this process alone")
+        return super().start(config)
+
+
 @register("single")
-class Single(JobEngine):
+class Single(OneProcess):
     """One process, one device: the engine of a world of one."""
 
     def make(self, config):
@@ -21,7 +47,7 @@ class Single(JobEngine):
 
 
 @register("mirrored")
-class Mirrored(JobEngine):
+class Mirrored(OneProcess):
     """One process, `engine.devices` devices: `tf.distribute.MirroredStrategy`."""
 
     devices_are_replicas = True

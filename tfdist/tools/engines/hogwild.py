@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tfdist.tools.engines.base import JobEngine, register
+from tfdist.tools.engines.base import register
+from tfdist.tools.engines.data_parallel import OneProcess
 
 
 @register("hogwild")
-class Hogwild(JobEngine):
+class Hogwild(OneProcess):
     """One process, `engine.devices` replicas updating shared weights without locks."""
 
     devices_are_replicas = True

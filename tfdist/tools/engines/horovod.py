@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from tfdist.tools.engines.base import JobEngine, register
+
+# What horovodrun (Gloo) or an MPI launcher sets in each rank's environment.
+LAUNCHED = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 
 @register("horovod")
@@ -18,7 +24,12 @@ class Horovod(JobEngine):
         thvd.init(process_sets="dynamic" if hierarchical else None,
                   cycle_ms=config["engine"]["horovod_cycle_ms"],
                   pack=config["engine"]["horovod_pack"])
-        return None, resolve()
+        engine = resolve()
+        if engine.world_size == 1 and not any(v in os.environ for v in LAUNCHED):
+            print("[tfdist] engine.name horovod outside horovodrun: this process trains alone "
+                  "(1 rank); start the job with `horovodrun -np N -H host:slots tfdist train "
+                  "...`", file=sys.stderr, flush=True)
+        return None, engine
 
     def feed(self, source, warmup_epochs, scale):
         import tfdist.horovod as thvd

@@ -247,3 +247,14 @@ def test_the_config_and_its_engines_load_without_tensorflow():
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert "tfdist.tools.engines.parameter_server" in imported
     assert "tensorflow" not in imported and "keras" not in imported
+
+
+def test_an_invalid_config_names_its_file_and_overrides(tmp_path):
+    """A key misspelt in a YAML file, or in an override, is said with where it was written."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ConfigError, match=rf"Invalid config \({path}\):\n  train: unknown key "
+                                          "'epoch' \\(did you mean 'epochs'\\?\\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"Invalid config \(--set train.epoch=2\):"):
+        load_config(None, ["train.epoch=2"])

@@ -358,3 +358,17 @@ def test_tensor_parallel_bad_input():
         ParallelBranches([keras.layers.Dense(2), keras.layers.Dense(2)],
                          devices=four).load_from(
             [keras.layers.Dense(2)])
+
+
+def test_a_wrong_bias_flag_or_device_list_is_refused_naming_it():
+    """use_bias takes True or False (not a truthy string); devices is None (this process' first
+    devices) or a non-empty list of distinct devices: [] and one device given twice would put
+    every shard on one device without a word."""
+    with pytest.raises(ValueError, match="use_bias.*Received: use_bias='no'"):
+        ColumnParallelDense(8, use_bias="no")
+    with pytest.raises(ValueError, match=r"devices=\[\]\): give a non-empty list"):
+        ColumnParallelDense(8, devices=[])
+    with pytest.raises(ValueError, match="'/cpu:0' is given more than once"):
+        RowParallelDense(8, devices=["/cpu:0", "/CPU:0"])
+    layer = ColumnParallelDense(8, use_bias=False)
+    assert layer.use_bias is False and len(layer.devices) == 2

@@ -64,13 +64,23 @@ def check_devices(devices: list[str], who: str = "Pipeline") -> None:
 def chosen_devices(devices, default_count: int, who: str) -> list[str]:
     """`devices` (a list of device names) checked to exist, or this process's first
     `default_count` devices."""
-    if devices is None or (isinstance(devices, (list, tuple)) and not devices):
+    if devices is None:
         return default_devices(default_count)
     if not isinstance(devices, (list, tuple)):
         raise TypeError(f"{who}(devices={devices!r}): give a list of device names, e.g. "
                         "['/gpu:0', '/gpu:1'].")
+    if not devices:
+        raise ValueError(f"{who}(devices={devices!r}): give a non-empty list of device names, "
+                         "e.g. ['/gpu:0', '/gpu:1'], or None for this process' first devices.")
     names = [str(d) for d in devices]
     check_devices(names, who)
+    full = [tf.DeviceSpec(job="localhost", replica=0, task=0).make_merged_spec(
+        tf.DeviceSpec.from_string(n)).to_string().lower() for n in names]
+    twice = sorted({n for n, f in zip(names, full, strict=True) if full.count(f) > 1})
+    if twice:
+        raise ValueError(f"{who}(devices={names!r}): {', '.join(map(repr, twice))} is given more "
+                         "than once: each shard needs a device of its own; give distinct "
+                         "devices.")
     return names
 
 

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfdist.arguments import check_bool
 from tfdist.devices import chosen_devices, on_device
 
 __all__ = ["ParallelMultiHeadAttention"]
@@ -55,7 +56,7 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim if value_dim is not None else key_dim
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.output_dim = output_shape
         self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)

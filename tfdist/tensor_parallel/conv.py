@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfdist.arguments import check_bool
 from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
@@ -74,7 +75,7 @@ class ParallelConv2D(keras.layers.Layer):
         self.dilation_rate = _pair(dilation_rate, "dilation_rate")
         self.padding = padding
         self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.split = split
         self.gather_output = gather_output

@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tfdist.arguments import check_bool
 from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
@@ -31,7 +32,7 @@ class _Parallel(keras.layers.Layer):
         self.units = units
         self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_jit = False  # XLA would compile every block onto one device

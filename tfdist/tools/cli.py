@@ -63,6 +63,10 @@ SUITES = {
             "predicted step time and bytes beside the measured ones, with the error; given a "
             "stragglers suite's stragglers.json, the straggler simulation beside its runs; "
             "given a memory suite's memory.json, the planned memory per replica",
+    "input": "what reading the data costs: records each TF_CONFIG worker reads of a record "
+             "set at 1, 2 and 4 workers, a resumed run's first batch at global batch 0, 1,000 "
+             "and 10,000 against a TFRecord stream, one device's step on arrays, records and "
+             "a heavy decode",
     "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",
@@ -491,6 +495,10 @@ def cmd_bench(args) -> int:
 
             run_plan(args.quick, args.out, args.hosts, args.bandwidths, args.algorithms,
                      results=args.results, calibrate=args.calibrate, published=args.published)
+        elif args.suite == "input":
+            from tfdist.tools.bench.input import run_input
+
+            run_input(args.quick, args.out)
         elif args.suite == "collectives":
             from tfdist.tools.bench.collectives import run_collectives
 

@@ -643,5 +643,14 @@ def read_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """Reads a YAML config (or starts from defaults), applies overrides, validates."""
-    return validate(read_config(path, overrides))
+    """Reads a YAML config (or starts from defaults), applies overrides, validates; an invalid
+    one names the file (and the overrides) its problems are in."""
+    try:
+        return validate(read_config(path, overrides))
+    except ConfigError as e:
+        where = [str(path)] if path is not None else []
+        where += ["--set " + " --set ".join(overrides)] if overrides else []
+        if not where or not str(e).startswith("Invalid config:"):
+            raise
+        raise ConfigError(f"Invalid config ({', '.join(where)}):"
+                          f"{str(e)[len('Invalid config:'):]}") from None

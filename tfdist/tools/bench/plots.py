@@ -188,3 +188,20 @@ def timeline(result: dict, path: Path, title: str = "one training step") -> Path
                  f"{result['communication_ms']:.0f} ms, of it exposed "
                  f"{result['exposed_communication_ms']:.0f} ms", fontsize=10)
     return _save(fig, path)
+
+
+def input_suite(rows: list[dict], path: Path) -> Path:
+    """The input suite: a resumed run's time to its first batch, record set against stream."""
+    plt = pyplot()
+    resume = [r for r in rows if r["kind"] == "resume"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    starts = [f"{r['start']:,}" for r in resume]
+    at = list(range(len(resume)))
+    ax.bar([a - 0.2 for a in at], [r["records_s"] for r in resume], 0.4, label="record set")
+    ax.bar([a + 0.2 for a in at], [r["stream_s"] for r in resume], 0.4,
+           label="TFRecord stream, skipped")
+    ax.set_xticks(at, starts)
+    ax.set_xlabel("resumed at global batch")
+    ax.set_ylabel("time to the first batch (s)")
+    ax.legend()
+    return _save(fig, path)

@@ -416,6 +416,10 @@ def table_of(suite: str, result: dict) -> str:
         from tfdist.tools.bench.collectives import page_table
 
         return page_table(rows)
+    if suite == "input":
+        from tfdist.tools.bench.input import page_table as input_page
+
+        return input_page(result)
     if suite == "stragglers":
         from tfdist.tools.bench.stragglers import page_table as stragglers_page
 

@@ -1,0 +1,26 @@
+"""The input suite (`tfdist bench --suite input`): its resume rows count what each way of
+reading reads, and its table and plot are made from its rows."""
+
+from __future__ import annotations
+
+from tfdist.tools.bench import input as suite
+from tfdist.tools.bench import plots
+
+
+def test_the_resume_rows_count_what_a_record_set_and_a_stream_read(tmp_path):
+    """Resumed at global batch 200, the stream reads the 12,800 records before it; the record
+    set reads only the few batches around its first."""
+    path = suite._records(tmp_path)
+    rows = suite.resume_rows(path, (0, 200), progress=lambda text: None)
+    later = rows[1]
+    assert later["start"] == 200 and later["stream_read"] >= 200 * suite.BATCH
+    assert later["records_read"] <= 8 * suite.BATCH
+    assert rows[0]["records_read"] <= 8 * suite.BATCH
+    result = {"batch": suite.BATCH, "epochs": 1, "rows": rows + [
+        {"kind": "reads", "workers": 2, "trained": 1408, "read": 760, "share": 760 / 1408},
+        {"kind": "step", "input": "record set", "step_ms": 2.5, "decode_ms_per_record": None}]}
+    table = suite.page_table(result)
+    assert "| 2 | 1,408 | 760 | 54.0% |" in table and "| 200 |" in table
+    assert "| record set | 2.5 ms |  |" in table
+    png = plots.input_suite(result["rows"], tmp_path / "input.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

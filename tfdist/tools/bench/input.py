@@ -1,0 +1,215 @@
+"""Suite "input": what reading the data costs, on a record set against the alternatives.
+
+    tfdist bench --suite input [--quick] [--out DIR]
+
+Three measurements, on the digits set converted to a record set in OUT/records (and, for the
+comparisons, the same records read as a plain TFRecord pipeline, or as arrays in memory):
+
+* reads: `tfdist train` on the record set as 1, 2 and 4 TF_CONFIG workers (processes on
+  127.0.0.1): the records worker 0 read, against the records the whole job trained on;
+* resume: the time to the first batch and the records read, for a run resumed at global batch
+  0, 1,000 and 10,000: the record set (reads from the position) against a TFRecord pipeline
+  resumed the only way a stream can be, by reading and dropping what came before
+  (`tfdist.data.resume`);
+* step: the median training step of one device on arrays in memory, on the record set, and on
+  the record set with a decode costing about 0.5 ms of CPU per record (an image's decode and
+  augmentation): where the input, not the model, bounds the step.
+
+On hosts that share this machine's 2 cores the reads and the resume are what to look at; a
+decode's cost per step depends on the cores a host has.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tfdist.tools.bench.machine import stamp
+
+BATCH = 64
+EPOCHS = 10
+HEAVY_MATMULS = 40  # 64x64 matmuls in the heavy decode, per record
+
+
+def _records(out: Path) -> Path:
+    """OUT/records: the digits set as a record set (made once)."""
+    import tfdist
+
+    path = out / "records"
+    if not (path / "records.json").exists():
+        tfdist.data.convert_arrays(path, *tfdist.data.load_digits("all"), shard_mb=0.05)
+    return path
+
+
+def read_rows(path: Path, workers: tuple[int, ...], epochs: int, progress) -> list[dict]:
+    """`tfdist train` on the record set at each number of TF_CONFIG workers: worker 0's reads."""
+    from tfdist.tools.launch import run_tf_workers
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tfdist-input-") as scratch:
+        for n in workers:
+            progress(f"bench: input: {n} TF_CONFIG worker(s), {epochs} epochs on the record set")
+            argv = [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+                    "engine.name=multi_worker", "--set", "data.name=records", "--set",
+                    f"data.path={path}", "--set", "model.name=mlp", "--set",
+                    f"train.epochs={epochs}", "--set", f"train.output_dir={scratch}/{n}",
+                    "--set", "train.verbose=0", "--set", "train.save_model=false"]
+            results = run_tf_workers(argv, n, 600)
+            if any(r.returncode != 0 for r in results):
+                raise RuntimeError(f"the {n}-worker run failed: {results[0].output[-2000:]}")
+            (summary,) = Path(scratch, str(n)).glob("*/summary.json")
+            s = json.loads(summary.read_text())
+            trained = s["steps"] * BATCH
+            rows.append({"kind": "reads", "workers": n, "trained": trained,
+                         "read": s["records_read"], "share": s["records_read"] / trained})
+    return rows
+
+
+class _Counter:
+    """Counts what passes through it (a py_function of a stream)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, value):
+        self.count += 1
+        return value
+
+
+def _first_batch(dataset) -> float:
+    began = time.perf_counter()
+    next(iter(dataset))
+    return time.perf_counter() - began
+
+
+def resume_rows(path: Path, starts: tuple[int, ...], progress) -> list[dict]:
+    """Time to the first batch and records read, resumed at each global batch of `starts`:
+    the record set against the same records as a TFRecord stream."""
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.data.records import decode_example
+
+    rows = []
+    for start in starts:
+        progress(f"bench: input: resuming at global batch {start:,}")
+        source = tfdist.data.RecordSource(path)
+        records_s = _first_batch(tfdist.data.record_batches(source, BATCH, seed=0,
+                                                            start=start))
+        decode, parsed = decode_example(source.meta), _Counter()
+        stream = tf.data.TFRecordDataset([str(f) for f in source.files]).map(
+            lambda r, count=parsed: tf.ensure_shape(tf.py_function(count, [r], tf.string), [])
+        ).map(decode)
+        resumed = tfdist.data.resume(stream.batch(BATCH, drop_remainder=True).repeat(), start)
+        stream_s = _first_batch(resumed)
+        rows.append({"kind": "resume", "start": start, "records_s": records_s,
+                     "records_read": source.records_read, "stream_s": stream_s,
+                     "stream_read": parsed.count})
+    return rows
+
+
+def heavy(decode):
+    """`decode` plus about HEAVY_MATMULS small matmuls of CPU work per record."""
+    import tensorflow as tf
+
+    def decode_heavily(record):
+        x, y = decode(record)
+        m = tf.fill([64, 64], tf.reduce_mean(x) * 1e-3)
+        for _ in range(HEAVY_MATMULS):
+            m = tf.linalg.matmul(m, m) * 1e-3
+        return x + tf.reduce_sum(m) * 0.0, y
+
+    return decode_heavily
+
+
+def step_rows(path: Path, steps: int, progress) -> list[dict]:
+    """The median step of one device (the digits MLP) on arrays, the record set, and the record
+    set with a heavy decode; and that decode's own cost per record."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.data.records import decode_example
+    from tfdist.tools.models import build_model
+
+    source = tfdist.data.RecordSource(path)
+    decode = decode_example(source.meta)
+    x, y = tfdist.data.load_digits("train", 0.2, 0)
+    inputs = {"arrays in memory": lambda: tfdist.data.global_batches(x, y, BATCH, seed=0),
+              "record set": lambda: tfdist.data.record_batches(source, BATCH, seed=0),
+              "record set, heavy decode": lambda: tfdist.data.record_batches(
+                  source, BATCH, seed=0, decode=heavy(decode))}
+    one = tf.constant(source.read([0])[0])
+    slow = tf.function(heavy(decode))
+    slow(one)
+    began = time.perf_counter()
+    for _ in range(200):
+        slow(one)
+    decode_ms = (time.perf_counter() - began) / 200 * 1e3
+    rows = []
+    for name, make in inputs.items():
+        progress(f"bench: input: {steps} steps on {name}")
+        timer = tfdist.callbacks.StepTimer()
+        keras.utils.set_random_seed(0)
+        model = build_model("mlp", (8, 8, 1), 10, (64,))
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        model.fit(make(), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        rows.append({"kind": "step", "input": name,
+                     "step_ms": 1e3 * statistics.median(timer.times[1:]),
+                     "decode_ms_per_record": decode_ms if "heavy" in name else None})
+    return rows
+
+
+def run_input(quick: bool, out: str) -> dict:
+    """Runs the suite; writes OUT/input.md, .json and .png."""
+    from tfdist.tools.bench import plots
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "tfdist bench --suite input" + (" --quick" if quick else "")
+    path = _records(out_dir)
+
+    def progress(text):
+        print(text, flush=True)
+
+    workers, starts = ((1, 2), (0, 1_000)) if quick else ((1, 2, 4), (0, 1_000, 10_000))
+    epochs = 3 if quick else EPOCHS
+    rows = (read_rows(path, workers, epochs, progress) + resume_rows(path, starts, progress)
+            + step_rows(path, 30 if quick else 100, progress))
+    result = {**stamp(command), "batch": BATCH, "epochs": epochs, "rows": rows}
+    table = page_table(result)
+    (out_dir / "input.md").write_text(f"Command: `{command}`\n\n{table}\n")
+    (out_dir / "input.json").write_text(json.dumps(result, indent=2))
+    png = plots.input_suite(rows, out_dir / "input.png")
+    print(table)
+    print(f"bench: wrote {out_dir / 'input.md'}, {out_dir / 'input.json'} and {png}")
+    return result
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f} ms"
+
+
+def page_table(result: dict) -> str:
+    """The suite's three tables (what its page shows)."""
+    rows = result["rows"]
+    reads = ["| workers | records the job trained on | read by worker 0 | share |",
+             "|---:|---:|---:|---:|"]
+    reads += [f"| {r['workers']} | {r['trained']:,} | {r['read']:,} | {r['share']:.1%} |"
+              for r in rows if r["kind"] == "reads"]
+    resume = ["| resumed at global batch | record set: first batch | records read | TFRecord "
+              "stream: first batch | records read |", "|---:|---:|---:|---:|---:|"]
+    resume += [f"| {r['start']:,} | {r['records_s']:.2f} s | {r['records_read']:,} | "
+               f"{r['stream_s']:.2f} s | {r['stream_read']:,} |"
+               for r in rows if r["kind"] == "resume"]
+    step = ["| input | median step | decode per record |", "|---|---:|---:|"]
+    step += [f"| {r['input']} | {r['step_ms']:.1f} ms | {_ms(r['decode_ms_per_record'])} |"
+             for r in rows if r["kind"] == "step"]
+    return "\n".join([f"Each worker's reads ({result['epochs']} epochs of the digits record set, "
+                      f"global batch {result['batch']}):", "", *reads, "",
+                      "A resumed run's first batch:", "", *resume, "",
+                      "One device's training step (the digits MLP):", "", *step])

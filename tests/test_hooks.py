@@ -406,7 +406,9 @@ sys.path.insert(0, os.environ["PYTHONPATH"])
 import tfdist
 from tfdist.comm import DistributeEngine
 
-strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=120)
+strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=120, heartbeat_seconds=45)
+from tfdist._hooks.coordination import heartbeat_ms
+print("HEARTBEAT", heartbeat_ms(), flush=True)
 engine = DistributeEngine(strategy)
 store = engine.key_value_store()
 me = engine.process_index
@@ -424,7 +426,8 @@ print("GOT", other, "MISSING", store.get("never-set"), flush=True)
 @pytest.mark.multiprocess
 def test_the_coordination_service_store_carries_values_between_workers(tmp_path):
     """tfdist._hooks.coordination through tfdist.comm.kv.CoordinationStore: each of 2 TF_CONFIG
-    workers writes a key twice and reads the other's second value; an unset key reads None."""
+    workers writes a key twice and reads the other's second value; an unset key reads None.
+    The service runs with the strategy's heartbeat timeout (`configure`, before the strategy)."""
     import sys
 
     from tests.conftest import worker_env
@@ -437,6 +440,7 @@ def test_the_coordination_service_store_carries_values_between_workers(tmp_path)
     for r in results:
         got = next(line for line in r.output.splitlines() if line.startswith("GOT"))
         assert got == f'GOT {{"rank": {1 - r.rank}, "n": 2}} MISSING None', r.output[-2000:]
+        assert "HEARTBEAT 45000" in r.output.splitlines(), r.output[-2000:]
 
 
 def test_built_and_own_variables_and_weight_decay_exclusions_read_keras_state():

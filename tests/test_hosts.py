@@ -213,3 +213,42 @@ def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference)
     assert len(settled) >= 2, result.stdout[-3000:]  # one decision per size measured
     summary = _assert_same_training(out, elastic_reference)
     assert summary["world_size"] in (2, 3)
+
+
+def test_a_link_down_for_20_s_restarts_the_job_from_its_backup_to_the_same_weights(
+        hosts, uninterrupted):
+    """2 workers on 2 remote hosts, a backup every 4 steps, `--max-restarts 1`: worker 1's link
+    goes down for 20 s in epoch 2 (longer than a gRPC connection survives, shorter than
+    engine.heartbeat_seconds). The workers stop, each saying in one line whom it lost, with no
+    traceback; the launcher says in one line that it restarts them; the job resumes from its
+    newest backup and ends, exit 0, on the weights of the job never stopped (rtol 1e-6)."""
+    cluster, shared = hosts
+    out = shared / "blink"
+    command = launcher_command(out, "dense", "--hosts", ",".join(cluster.addresses[:2]),
+                               "--ssh", SSH, "--max-restarts", "1",
+                               extra=("--set", "train.checkpoint_steps=4",
+                                      "--set", "model.options={pause: 0.3}"))
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    link = ["ip", "-n", cluster.bridge_namespace, "link", "set", "port1"]
+    try:
+        _signal_after(launcher, line="Epoch 2/6", pids=list)
+        subprocess.run([*link, "down"], check=True)
+        time.sleep(20)
+        subprocess.run([*link, "up"], check=True)
+        rest, err = launcher.communicate(timeout=400)
+    finally:
+        subprocess.run([*link, "up"], check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err[-3000:]
+    restarts = [line for line in err.splitlines() if "restarting every worker" in line]
+    assert len(restarts) == 1 and "(restart 1 of 1)" in restarts[0], err[-3000:]
+    said = rest + err  # the workers' lines, as the launcher passes them on
+    assert "lost contact with worker" in said and "Traceback" not in said, said[-3000:]
+    summary, weights = final_weights(out)
+    reference_summary, reference = uninterrupted("dense")
+    assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 12
+    assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
+    for a, b in zip(reference, weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)

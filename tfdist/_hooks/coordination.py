@@ -1,9 +1,14 @@
-"""Private TensorFlow API: the coordination service's key-value store of a multi-worker job.
+"""Private TensorFlow API: the coordination service of a multi-worker job: its heartbeat, and
+its key-value store.
 
 TensorFlow starts a coordination service for `MultiWorkerMirroredStrategy` (hosted by worker 0;
 every worker's runtime connects to it) and uses its key-value store internally; the eager
 context's `set_config_key_value`, `get_config_key_value` and `delete_config_key_value` reach it,
 with no public API. Used by `tfdist.comm.kv.CoordinationStore` (the watchdog's heartbeats).
+`configure` sets the service up before the strategy does (TensorFlow 2.21's
+`MultiWorkerMirroredStrategy` configures it only where nothing did, with the system's heartbeat
+timeout: a peer silent for about 6 s ends the job, so a network blink of a few seconds kills
+it).
 Covered by tests/test_hooks.py.
 """
 
@@ -34,3 +39,29 @@ def kv_delete(key: str) -> None:
 def available() -> bool:
     """Whether this process's runtime is connected to a coordination service."""
     return bool(_context().coordination_service)
+
+
+def configure(cluster_spec, task_type: str, heartbeat_ms: int) -> bool:
+    """Configures the coordination service as `MultiWorkerMirroredStrategy` would (its chief and
+    worker jobs, led by their first task), with `heartbeat_ms`: how long a task may be silent
+    before the service declares it unhealthy and ends the job. Call it before the strategy is
+    made. Returns False where a service is configured already (and leaves it)."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+
+    context = _context()
+    if context.coordination_service is not None or task_type not in ("chief", "worker"):
+        return False
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_ms))
+    return True
+
+
+def heartbeat_ms() -> int | None:
+    """The configured heartbeat timeout (ms; 0: the system's), or None without a service."""
+    service = _context().coordination_service
+    return None if service is None else int(service.heartbeat_timeout_in_ms)

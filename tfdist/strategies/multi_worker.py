@@ -39,11 +39,16 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             `evaluate`'s results, are averaged over every worker either way. With "local", a
             callback that decides on a step's logs (`keras.callbacks.TerminateOnNaN`) may
             decide differently on each worker.
+        heartbeat_seconds: How long a worker may be silent (a network outage, a frozen
+            process) before TensorFlow's coordination service declares it lost and ends the
+            job. Defaults to None: TensorFlow's own, about 6 s, which a network blink outlasts.
+            A link that returns within this time and within `timeout_seconds` changes nothing
+            of the run.
 
     Example:
         ```python
         # python -m tfdist.launch --workers 2 -- python train.py  (TF_CONFIG on each worker)
-        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=300)
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_seconds=300, heartbeat_seconds=60)
         with strategy.scope():
             model = build_model()
             model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam()),
@@ -58,8 +63,21 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
         timeout_seconds: float | None = None,
         step_logs: str = "averaged",
+        heartbeat_seconds: float | None = None,
     ):
         self.step_logs = check_choice("step_logs", step_logs, STEP_LOGS)
+        if heartbeat_seconds is not None:
+            if isinstance(heartbeat_seconds, bool) or not isinstance(heartbeat_seconds,
+                                                                     (int, float)) \
+                    or not 1 <= heartbeat_seconds <= 86400:
+                raise ValueError(f"`heartbeat_seconds` must be in [1, 86400] or None. Received: "
+                                 f"heartbeat_seconds={heartbeat_seconds!r}")
+            from tfdist._hooks.coordination import configure
+
+            resolver = cluster_resolver or \
+                tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            configure(resolver.cluster_spec(), resolver.task_type,
+                      int(heartbeat_seconds * 1000))
         if step_logs == "local":
             keep_step_logs_local()
         if timeout_seconds is not None and timeout_seconds <= 0:

@@ -302,9 +302,9 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 (only the non-finite and memory stops are said in a line)
-        stop = _non_finite_stop(e) or _out_of_memory_stop(e)
-        if stop is None:
+    except Exception as e:  # noqa: BLE001 (the stops below are said in a line)
+        stop = _non_finite_stop(e) or _out_of_memory_stop(e) or _lost_peer_stop(e, config)
+        if stop is None or args.verbose:
             raise
         print(f"tfdist train: {stop}", file=sys.stderr)
         return 1
@@ -346,6 +346,39 @@ def _out_of_memory_stop(error: Exception) -> str | None:
             f"{device}: stopped. Lower data.global_batch_size or the model's size, or shard "
             "the training state over the workers (optimizer.zero_stage 1-3, "
             "optimizer.offload); the backups, if any, are kept.")
+
+
+# What TensorFlow's errors say when a peer is gone: its collectives aborted, its gRPC
+# connection reset or closed, the coordination service's heartbeat missed.
+PEER_LOST = ("Collective ops is aborted", "Socket closed", "Connection reset by peer",
+             "stopped sending heartbeats", "failed to connect", "Connection refused",
+             "unhealthy", "Broken pipe")
+
+
+def _lost_peer_stop(error: Exception, config: dict) -> str | None:
+    """One line for a multi-process job that lost contact with a peer (a link down for longer
+    than the job waits, a worker that died): which, why, and what resumes it; else None."""
+    import re
+
+    text = str(error)
+    said = next((s for s in PEER_LOST if s in text), None)
+    if said is None or "TF_CONFIG" not in os.environ:
+        return None
+    peer = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", text)
+    who = f"{peer.group(1)} {peer.group(2)}" if peer else "a peer"
+    why = re.search(r'grpc_message:"([^"]+)"', text)
+    engine, train = config["engine"], config["train"]
+    backups = (f"the same command resumes from the newest backup (every "
+               f"{train['checkpoint_steps']} steps in {train['output_dir']}/backup)"
+               if train["checkpoint_steps"] else
+               "no backup was configured (train.checkpoint_steps): a new run starts over")
+    heartbeat = engine.get("heartbeat_seconds")
+    waited = (f"; a silent worker is waited for engine.heartbeat_seconds ({heartbeat:g} s), "
+              "a connection down for about 15 s is closed by the network stack"
+              if heartbeat else "")
+    return (f"lost contact with {who} ({why.group(1) if why else said}): stopped; {backups}; "
+            f"python -m tfdist.launch --max-restarts N starts the job again by itself{waited}. "
+            "-v shows TensorFlow's traceback.")
 
 
 def _print_summary(s: dict) -> None:

@@ -167,6 +167,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "multi_worker)", lambda v: v >= 1, 2, most=MAX_DEVICES),
         "timeout_seconds": _float("a number > 0, or null", lambda v: v > 0, 600, nullable=True,
                                   most=10**7),
+        # multi_worker: how long a worker may be silent (a network outage) before the job ends;
+        # null: TensorFlow's own (about 6 s).
+        "heartbeat_seconds": _float("a number in [1, 86,400] (seconds), or null (TensorFlow's "
+                                    "own, about 6 s)", lambda v: v >= 1, 60, nullable=True,
+                                    most=86400),
         # multi_worker: each step's logs averaged over the workers (Keras' way, a collective
         # per logged value every step) or each worker's own; null: "local", and "averaged"
         # for the plain-Keras baseline keras_multi_worker. Epoch logs are averaged either way.

@@ -549,6 +549,22 @@ class _ElasticJob:
             size = left
 
 
+# Exit codes a restart cannot mend: a mistake in the command or its config, a missing command.
+NOT_RESTARTED = (2, 127)
+
+
+def _restart_reason(results: list[WorkerResult], labels: list[str] | None) -> str | None:
+    """What failed, when starting the job again may mend it (a worker that crashed or lost its
+    peers: not one stopped by the launcher, a config mistake or a missing command); else None."""
+    failed = [(i, r) for i, r in enumerate(results) if r.returncode not in (0, None)]
+    if not failed or any(r.returncode in NOT_RESTARTED for _, r in failed):
+        return None
+    i, first = failed[0]
+    name = labels[i] if labels else f"worker {first.rank}"
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    return f"{name} {first.describe()}{more}"
+
+
 def _preempted(results: list[WorkerResult], labels: list[str] | None = None) -> int:
     """The end of a preempted job: PREEMPTED_EXIT if every process backed up and exited so,
     else the report of those that did not (and their failure's code)."""
@@ -792,9 +808,12 @@ def _parser() -> argparse.ArgumentParser:
     elastic.add_argument("--max-workers", type=int, help="elastic: most workers a resize policy "
                          "or the hostfile's slots may grow the job to (default: --workers, or "
                          "the hostfile's slots)")
-    elastic.add_argument("--max-restarts", type=int, default=3,
-                         help="elastic, or --ps: restarts before giving up (default 3); with "
-                              "--ps a failed worker is started again and resumes")
+    elastic.add_argument("--max-restarts", type=int, default=None,
+                         help="restarts before giving up: TF_CONFIG workers (default 0) all "
+                              "start again and resume from the last backup when one fails (a "
+                              "lost link, a crash); --elastic (default 3) goes on with the "
+                              "workers left; with --ps (default 3) a failed worker is started "
+                              "again and resumes")
     slurm = p.add_argument_group("SLURM (run by srun on every task of a job step)")
     slurm.add_argument("--slurm", action="store_true",
                        help="this process is one task of a SLURM step: write its TF_CONFIG "
@@ -913,8 +932,13 @@ def main(argv: list[str] | None = None) -> int:
                              "--horovod or --elastic")
         if args.ps < 0:
             raise ValueError(f"--ps must be >= 0. Received: {args.ps}")
+        if args.max_restarts is None:
+            args.max_restarts = 3 if args.elastic or args.ps else 0
         if args.max_restarts < 0:
             raise ValueError(f"--max-restarts must be >= 0. Received: {args.max_restarts}")
+        if args.horovod and args.max_restarts:
+            raise ValueError("--max-restarts restarts TF_CONFIG workers; horovodrun has its own "
+                             "(elastic Horovod: --min-np/--max-np)")
         if args.horovod:
             if args.workers is not None:
                 raise ValueError("--workers is for TF_CONFIG workers; with --horovod give -np")
@@ -961,17 +985,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     labels = ([f"ps {i}" for i in range(args.ps)] +
               [f"worker {i}" for i in range(len(commands) - args.ps)]) if args.ps else None
-    try:
-        results = run_processes(commands, args.timeout, echo=True, labels=labels,
-                                stop_on_failure=frozenset(range(args.ps)) if args.ps else True,
-                                restartable=frozenset(range(args.ps, len(commands))),
-                                max_restarts=args.max_restarts if args.ps else 0,
-                                servers=frozenset(range(args.ps)))
-    except CommandNotFound as e:
-        print(f"[launch] {e.strerror}", file=sys.stderr)
-        return 127
-    if any(r.returncode == PREEMPTED_EXIT for r in results):
-        return _preempted(results, labels)
+    deadline, restarts = time.monotonic() + args.timeout, 0
+    while True:
+        try:
+            results = run_processes(commands, max(1.0, deadline - time.monotonic()), echo=True,
+                                    labels=labels,
+                                    stop_on_failure=frozenset(range(args.ps)) if args.ps
+                                    else True,
+                                    restartable=frozenset(range(args.ps, len(commands))),
+                                    max_restarts=args.max_restarts if args.ps else 0,
+                                    servers=frozenset(range(args.ps)))
+        except CommandNotFound as e:
+            print(f"[launch] {e.strerror}", file=sys.stderr)
+            return 127
+        if any(r.returncode == PREEMPTED_EXIT for r in results):
+            return _preempted(results, labels)
+        again = _restart_reason(results, labels) if not args.ps and not args.horovod else None
+        if again is None or restarts >= args.max_restarts or time.monotonic() >= deadline:
+            break
+        restarts += 1
+        print(f"[launch] {again}: restarting every worker (restart {restarts} of "
+              f"{args.max_restarts}); the job resumes from its last backup", file=sys.stderr,
+              flush=True)
     report(results, labels)
     if args.ps:  # the servers and the chief decide; a lost worker is reported above
         decisive = results[:args.ps + 1]

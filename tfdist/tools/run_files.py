@@ -206,6 +206,7 @@ CARRIED_OVER = frozenset({
     "train.epochs", "train.verbose", "train.evaluate_each_epoch", "train.save_model",
     "train.checkpoint_steps", "train.preemption_signals", "train.output_dir", "train.run_name",
     "train.resize_policy", "train.resize_every", "engine.devices", "engine.timeout_seconds",
+    "engine.heartbeat_seconds",
     "engine.step_logs"})
 
 

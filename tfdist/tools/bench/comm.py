@@ -255,8 +255,12 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
     run_dir.mkdir(parents=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    # One output directory per host: without an exchange (the limit) every host is a chief.
-    argv = [sys.executable, "-m", "tfdist.tools.cli", "train", "--config", str(config_path)]
+    # One output directory per host: without an exchange (the limit) every host is a chief,
+    # a job of its own, so its process gets no TF_CONFIG (a one-process engine refuses one).
+    engine = config["engine"]["name"]
+    alone = ["env", "-u", "TF_CONFIG"] if engine == "single" else []
+    argv = [*alone, sys.executable, "-m", "tfdist.tools.cli", "train", "--config",
+            str(config_path)]
 
     def host_argv(host: int) -> list[str]:
         return [*argv, "--set", f"train.output_dir={run_dir / f'host{host}'}",
@@ -270,7 +274,6 @@ def _run(cluster: emulated.EmulatedCluster, config: dict, run_dir: Path, timeout
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     before = cluster.tx_bytes()
-    engine = config["engine"]["name"]
     if engine == "horovod":
         results = cluster.run_horovod_workers(host_argv, timeout, env=env, on_line=on_line)
     else:  # a parameter server runs on host 0, next to worker 0

@@ -77,7 +77,8 @@ class MultiWorker(JobEngine):
                              "tfdist.launch --workers N -- tfdist train ...` (or set TF_CONFIG).")
         strategy = tfdist.MultiWorkerMirroredStrategy(
             timeout_seconds=config["engine"]["timeout_seconds"],
-            step_logs=config["engine"]["step_logs"] or self.step_logs)
+            step_logs=config["engine"]["step_logs"] or self.step_logs,
+            heartbeat_seconds=config["engine"]["heartbeat_seconds"])
         return strategy, DistributeEngine(strategy)
 
 

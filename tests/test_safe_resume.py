@@ -198,3 +198,37 @@ def test_nan_policy_skip_from_the_config_trains_past_a_nan_example(tmp_path):
         env=worker_env(), timeout=120)
     assert refused.returncode == 2
     assert "optimizer.nan_policy: 'skip' is a tfdist optimizer's check" in refused.stderr
+
+
+def test_a_notice_to_the_default_job_backs_up_without_a_backup_key(tmp_path):
+    """No train.checkpoint_steps (the default config's case), one process: a SIGTERM in epoch 1
+    backs up the step in flight and exits 76; the same command resumes there and ends on the
+    weights of the run never stopped; nothing of the backup is left after it."""
+    import tests.workers.slow_model  # noqa: F401 (registers its layer for loading)
+
+    slow = ["--set", "model.name=tests.workers.slow_model:build", "--set",
+            "model.options={pause: 0.2}", "--set", "train.checkpoint_steps=null",
+            "--set", "train.verbose=2"]
+    straight = _train(tmp_path / "straight", *slow)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    out = tmp_path / "noticed"
+    proc = subprocess.Popen(_command(out, *slow), cwd=ROOT, env=worker_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "Epoch 1/2" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 76, err[-3000:]
+    assert "[tfdist] preempted (SIGTERM): backed up step" in err, err[-3000:]
+    again = _train(out, *slow)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary, weights = _finished(out)
+    assert 0 < summary["resumed_from_step"] < STEPS
+    _same_weights(_finished(tmp_path / "straight")[1], weights)
+    assert not (out / "backup").exists()

@@ -31,6 +31,28 @@ SUMMARY, MODEL, CONFIG, TENSORBOARD = "summary.json", "model.keras", "config.yam
 BACKUP, RUN_FILE = "backup", "run"  # train.output_dir/backup/run: the run being backed up
 
 
+ON_NOTICE_ONLY = 2**62  # steps between periodic backups: never; a notice backs up at once
+
+
+def _say_nothing_saved(signals: list[str]) -> None:
+    """Installs handlers of `signals` that say in one line that nothing is saved, then end the
+    process as the signal would have."""
+    import signal
+    import threading
+
+    def said(number, frame):
+        print(f"[tfdist] {signal.Signals(number).name} received: nothing is saved (this job "
+              "has several processes and no train.checkpoint_steps); set "
+              "train.checkpoint_steps to back up and resume after a notice", file=sys.stderr,
+              flush=True)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+    if threading.current_thread() is threading.main_thread():
+        for name in signals:
+            signal.signal(getattr(signal, name), said)
+
+
 def backup_directory(config: dict[str, Any]) -> Path:
     """`train.output_dir/backup`: where a job's backups go (train.checkpoint_steps)."""
     return Path(config["train"]["output_dir"]) / BACKUP
@@ -65,8 +87,6 @@ def clear_finished_backups(config: dict[str, Any]) -> None:
     """Removes backups left in `train.output_dir/backup` by a run that finished (stopped after
     its summary was written, before its backups were removed): they must not resume the next
     run. Called by the chief before anything else reads them."""
-    if not config["train"]["checkpoint_steps"]:
-        return
     directory = backup_directory(config)
     try:
         finished = Path((directory / RUN_FILE).read_text().strip())
@@ -82,10 +102,8 @@ def clear_finished_backups(config: dict[str, Any]) -> None:
 
 
 def backed_up_run(config: dict[str, Any]) -> Path | None:
-    """The unfinished run whose backups `train.output_dir/backup` holds, if any (and if
-    `train.checkpoint_steps` is set)."""
-    if not config["train"]["checkpoint_steps"]:
-        return None
+    """The unfinished run whose backups `train.output_dir/backup` holds, if any (periodic ones,
+    train.checkpoint_steps, or one a termination notice made)."""
     record = backup_directory(config) / RUN_FILE
     try:
         path = Path(record.read_text().strip())
@@ -144,10 +162,10 @@ class Run:
         self.files = RunFiles(self.path, chief)
         self.backed_up: BackupAndRestore | None = None
 
-    def keep_backups(self) -> Path | None:
-        """With train.checkpoint_steps: `train.output_dir/backup`, which the chief makes and
-        marks as this run's; else None."""
-        if not self.config["train"]["checkpoint_steps"]:
+    def keep_backups(self, always: bool = False) -> Path | None:
+        """`train.output_dir/backup`, which the chief makes and marks as this run's: with
+        train.checkpoint_steps (or `always`), else None."""
+        if not (self.config["train"]["checkpoint_steps"] or always):
             return None
         directory = backup_directory(self.config)
         if self.chief:
@@ -155,19 +173,28 @@ class Run:
             (directory / RUN_FILE).write_text(str(self.path))
         return directory
 
-    def backup(self) -> BackupAndRestore | None:
-        """The run's `BackupAndRestore` (train.checkpoint_steps), or None."""
-        directory = self.keep_backups()
-        if directory is None:
-            return None
-        # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
+    def backup(self, one_process: bool) -> BackupAndRestore | None:
+        """The run's `BackupAndRestore`: every train.checkpoint_steps steps, or, for a job of
+        `one_process`, only on a termination notice (train.preemption_signals: backed up at the
+        step in flight, exit 76, the same command resumes). A job of several processes without
+        train.checkpoint_steps has none (agreeing on a notice's step would cost a collective
+        every step): a notice then says in one line that nothing was saved."""
         train = self.config["train"]
+        every, signals = train["checkpoint_steps"], train["preemption_signals"]
+        if not every and not (one_process and signals):
+            if signals:
+                _say_nothing_saved(signals)
+            return None
+        directory = self.keep_backups(always=True)
+        # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
         requeue = os.environ.get("TFDIST_REQUEUE") == "1" and os.environ.get("SLURM_JOB_ID")
         self.backed_up = BackupAndRestore(
-            directory, save_freq=train["checkpoint_steps"],
+            directory, save_freq=every or ON_NOTICE_ONLY,
             elastic=os.environ.get("TFDIST_ELASTIC") == "1",
-            delete_checkpoint=False,  # `finish` removes them when done
-            job=job_identity(self.config), preemption_signals=train["preemption_signals"],
+            # Periodic backups stay until the run is finished (`remove_backups`); a
+            # notice-only one has nothing to keep once training ended.
+            delete_checkpoint=not every,
+            job=job_identity(self.config), preemption_signals=signals,
             on_preempted=_requeue if requeue else None)
         return self.backed_up
 
@@ -180,7 +207,8 @@ class Run:
         at its next start, `clear_finished_backups`)."""
         if self.backed_up is not None:
             self.backed_up.remove()
-        if self.config["train"]["checkpoint_steps"] and self.chief:
+        if (self.config["train"]["checkpoint_steps"] or self.backed_up is not None) \
+                and self.chief:
             (directory := backup_directory(self.config)).joinpath(RUN_FILE).unlink(
                 missing_ok=True)
             with contextlib.suppress(OSError):

@@ -202,10 +202,11 @@ class JobEngine:
     def resume(self, run, model, optimizer, steps: int) -> tuple[Any, list]:
         """(where the data starts: a global batch or a function giving it once the backup is
         restored, the callbacks that keep the position): the run's backups
-        (`run.backup()`, train.checkpoint_steps), with the elastic ones they allow."""
+        (`run.backup`: train.checkpoint_steps, or a termination notice's in a job of one
+        process), with the elastic ones they allow."""
         from tfdist.callbacks import ElasticJoin, ElasticResize
 
-        backup = run.backup()
+        backup = run.backup(one_process=not self.engine.multi_process)
         if backup is None:
             return 0, []
         callbacks = [backup]

@@ -42,6 +42,12 @@ class Hogwild(OneProcess):
         strategy = HogwildStrategy(local_devices(config["engine"]["devices"]))
         return strategy, DistributeEngine(strategy)
 
+    def resume(self, run, model, optimizer, steps):
+        """No backups (the replicas' lock-free updates are not reproducible): a notice says in
+        one line that nothing is saved."""
+        run.backup(one_process=False)
+        return 0, []
+
     def optimizer(self, inner):
         from tfdist.ps import HogwildSGD
 

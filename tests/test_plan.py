@@ -688,3 +688,32 @@ def test_the_report_goes_to_stdout_as_it_is_when_called():
         planning.report(results, how)
     assert text.getvalue().startswith("model: 1,000 parameters")
     assert "| dense all-reduce **(recommended)** |" in text.getvalue()
+
+
+def test_a_recommendation_says_how_to_run_it_and_when_its_margin_is_thin(capsys):
+    """After `recommended:`, the config settings that turn the algorithm on, what its steps
+    factor means, and, when the next algorithm is within 1.1x, that the margin is within the
+    planner's error."""
+    from tfdist.tools.cli import main
+
+    assert main(["plan", "--parameters", "25557032", "--compute-ms", "200", "--workers", "8",
+                 "--link", "10gbit"]) == 0
+    out = capsys.readouterr().out
+    after = out.split("recommended: local SGD, H=8", 1)[1].splitlines()
+    assert after[1] == "  to run it: --set averaging.period=8"
+    assert after[2].startswith("  steps factor 1: the steps it needs for one dense step's")
+    assert "(1.08x) is within the planner's error" in after[3]
+    from types import SimpleNamespace
+
+    from tfdist.tools.planning import how_to_run
+
+    def best(algorithm, label):
+        estimate = SimpleNamespace(algorithm=algorithm, label=label, steps_factor=None,
+                                   dense_step_equivalent_s=None)
+        return how_to_run(SimpleNamespace(best=estimate, estimates=[estimate]))
+
+    assert best("powersgd", "PowerSGD rank 4") == [
+        "to run it: --set compression.name=powersgd --set compression.options={rank: 4}"]
+    assert best("topk", "EF-TopK 0.01")[0].endswith(
+        "--set compression.options={ratio: 0.01} --set compression.error_feedback=true")
+    assert best("zero3", "ZeRO-3") == ["to run it: --set optimizer.zero_stage=3"]

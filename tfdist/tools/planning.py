@@ -221,6 +221,9 @@ def report(results: list[Plan], how: str, out=None, stragglers: Stragglers | Non
         print(plan.table(), file=out)
         best = plan.best.label if plan.best else "none"
         print(f"recommended: {best}: {plan.reason}", file=out)
+        if plan.best is not None:
+            for line in how_to_run(plan):
+                print(f"  {line}", file=out)
         for e in plan.estimates:
             if e.note:
                 print(f"  {e.label}: {e.note}", file=out)
@@ -240,3 +243,43 @@ def write_json(results: list[Plan], how: str, path: str,
         data["simulated"] = [run.as_dict() | {"chief_clock": None} for run in runs]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({"compute": how, "plans": plans}, indent=2) + "\n")
+
+
+MARGIN = 1.1  # below this ratio to the next algorithm, a recommendation is within the error
+
+
+def how_to_run(plan) -> list[str]:
+    """What a reader of a recommendation needs next: what its steps factor means, how to turn
+    the algorithm on in a config, and whether its margin over the next is worth trusting."""
+    import re
+
+    best = plan.best
+    family = best.algorithm.partition(":")[0]
+    number = re.findall(r"[\d.]+", best.label)  # its rank, ratio or period, as labelled
+    arg = number[-1] if number else ""
+    settings = {
+        "dense": "the default: synchronous data parallelism, nothing to set",
+        "dense_overlap": "not a tfdist setting: the exchange overlapped with the backward "
+                         "pass, as DDP and Horovod's own layer do (tfdist's starts after it)",
+        "fp16": "--set compression.name=fp16",
+        "powersgd": f"--set compression.name=powersgd --set compression.options={{rank: {arg}}}",
+        "topk": f"--set compression.name=topk --set compression.options={{ratio: {arg}}} "
+                "--set compression.error_feedback=true",
+        "local_sgd": f"--set averaging.period={arg}",
+        "zero1": "--set optimizer.zero_stage=1",
+        "zero2": "--set optimizer.zero_stage=2",
+        "zero3": "--set optimizer.zero_stage=3",
+        "pipeline": "tfdist.pipeline.Pipeline in your model (Python; docs/guides/pipelines.md)",
+        "ps": "--set engine.name=parameter_server, with python -m tfdist.launch --ps N",
+    }
+    lines = [f"to run it: {settings.get(family, 'see docs/which-algorithm.md')}"]
+    if best.steps_factor is not None:
+        lines.append(f"steps factor {best.steps_factor:g}: the steps it needs for one dense "
+                     "step's progress (measured by the benches; 1 for an exact exchange)")
+    ranked = sorted((e.dense_step_equivalent_s, e.label) for e in plan.estimates
+                    if e.dense_step_equivalent_s is not None)
+    if len(ranked) > 1 and ranked[1][0] < MARGIN * ranked[0][0]:
+        lines.append(f"the margin over {ranked[1][1]} ({ranked[1][0] / ranked[0][0]:.2f}x) is "
+                     f"within the planner's error (about 10-20% on the emulated cluster): "
+                     "measure both on your cluster before choosing (tfdist bench --suite comm)")
+    return lines

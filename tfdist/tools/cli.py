@@ -352,7 +352,7 @@ def _out_of_memory_stop(error: Exception) -> str | None:
 # connection reset or closed, the coordination service's heartbeat missed.
 PEER_LOST = ("Collective ops is aborted", "Socket closed", "Connection reset by peer",
              "stopped sending heartbeats", "failed to connect", "Connection refused",
-             "unhealthy", "Broken pipe")
+             "unhealthy", "Broken pipe", "failed to answer")
 
 
 def _lost_peer_stop(error: Exception, config: dict) -> str | None:
@@ -364,6 +364,9 @@ def _lost_peer_stop(error: Exception, config: dict) -> str | None:
     said = next((s for s in PEER_LOST if s in text), None)
     if said is None or "TF_CONFIG" not in os.environ:
         return None
+    own = re.search(r"tfdist: ([^\]\n]+)", text)  # tfdist's own sentence (a parameter server's)
+    if own is not None:
+        return own.group(1).strip() + " -v shows TensorFlow's traceback."
     peer = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", text)
     who = f"{peer.group(1)} {peer.group(2)}" if peer else "a peer"
     why = re.search(r'grpc_message:"([^"]+)"', text)

@@ -186,10 +186,10 @@ class Run:
                 _say_nothing_saved(signals)
             return None
         directory = self.keep_backups(always=True)
-        # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
         requeue = os.environ.get("TFDIST_REQUEUE") == "1" and os.environ.get("SLURM_JOB_ID")
         self.backed_up = BackupAndRestore(
             directory, save_freq=every or ON_NOTICE_ONLY,
+            # Under `python -m tfdist.launch --elastic` the job may come back with fewer workers.
             elastic=os.environ.get("TFDIST_ELASTIC") == "1",
             # Periodic backups stay until the run is finished (`remove_backups`); a
             # notice-only one has nothing to keep once training ended.

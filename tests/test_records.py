@@ -5,6 +5,7 @@ cut short or decodes wrong said in one line naming the file and the record."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -161,6 +162,44 @@ def test_records_of_ones_own_train_with_ones_decode_function(tmp_path, monkeypat
     assert all(tuple(np.round(r, 5)) in rows for r in batch[0])
 
 
+@pytest.mark.parametrize("fault", ["garbled", "wrong shape"])
+def test_a_record_that_does_not_decode_mid_run_is_named(tmp_path, monkeypatch, fault):
+    """A record set of one's own with one bad record, first read in step 11: `tfdist train`
+    stops with one line naming the record, its file and what is wrong with it; the backups
+    made before it are kept."""
+    from tfdist.data.records import write_records
+    from tfdist.tools.config import load_config
+    from tfdist.tools.errors import ConfigError
+    from tfdist.tools.runner import train
+
+    x, y = tfdist.data.synthetic_classification(720, (6,), 3, seed=0)
+    rows = [tf.io.serialize_tensor(tf.concat([x[k], [float(y[k])]], 0)).numpy()
+            for k in range(720)]
+    bad = int(tfdist.data.epoch_order(640, seed=0, epoch=0)[10 * 32])  # step 11's first
+    rows[bad] = (b"not a tensor" if fault == "garbled"
+                 else tf.io.serialize_tensor(tf.zeros([5])).numpy())
+    write_records(tmp_path / "mine", {"train": rows[:640], "test": rows[640:]},
+                  {"source": "tfrecord"}, shard_mb=0.01)
+    (tmp_path / "my_decode.py").write_text(
+        "import tensorflow as tf\n\n\ndef decode(record):\n"
+        "    v = tf.io.parse_tensor(record, tf.float32)\n"
+        "    return v[:-1], tf.cast(v[-1], tf.int32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(None, [
+        "data.name=records", f"data.path={tmp_path / 'mine'}", "data.decode=my_decode:decode",
+        "data.num_classes=3", "data.global_batch_size=32", "model.name=mlp",
+        "train.checkpoint_steps=4", f"train.output_dir={tmp_path / 'out'}",
+        "train.run_name=run", "train.verbose=0", "engine.name=single"])
+    file, number = RecordSource(tmp_path / "mine").locate(bad)
+    what = "does not decode: InvalidArgumentError" if fault == "garbled" else \
+        r"decodes to shapes \[4\] and \[\] where record 0 decodes to \[6\] and \[\]"
+    with pytest.raises(ConfigError, match=rf"^data.path: record {bad} of {file} \(record "
+                                          rf"{number} there\) {what}"):
+        train(config, progress=False)
+    assert sorted(p.name for p in (tmp_path / "out" / "backup" / "process-0").iterdir()
+                  if not p.name.endswith(".partial")) == ["step-4", "step-8"]
+
+
 def _train_on_records(strategy, path, directory=None, stop=None):
     """The digits MLP on 2 replicas, 3 epochs of the record set, backed up every 8 steps;
     returns (the model, the records this run read)."""
@@ -201,6 +240,92 @@ def test_a_run_on_records_resumes_exactly_and_reads_only_what_is_left(mirrored, 
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     left = (3 * STEPS - 56) * BATCH
     assert left <= read <= left + 24 * BATCH < 56 * BATCH, read / BATCH
+
+
+def _own_pipeline(folder, parsed, stateless=True):
+    """A pipeline of one's own over `folder`'s TFRecord files (interleave, map, shuffle,
+    batch, prefetch) that counts the records it parses in `parsed`."""
+    def count(v):
+        parsed[0] += 1
+        return v
+
+    def parse(record):
+        v = tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), [9])
+        v = tf.ensure_shape(tf.py_function(count, [v], tf.float32), [9])
+        return tf.ensure_shape(v[:8], [8]), tf.cast(v[8], tf.int32)
+
+    files = tf.data.Dataset.list_files(f"{folder}/part-*.tfrecord", shuffle=False)
+    batches = (files.interleave(tf.data.TFRecordDataset, cycle_length=4).map(parse)
+               .shuffle(256, seed=1).batch(BATCH, drop_remainder=True).repeat().prefetch(2))
+    if not stateless:
+        return batches
+    options = tf.data.Options()  # `count` keeps no position: the state may be saved
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return batches.with_options(options)
+
+
+@pytest.fixture(scope="module")
+def own_records(tmp_path_factory):
+    """16 TFRecord files of 128 serialized rows (8 features and a label of 4 classes)."""
+    folder = tmp_path_factory.mktemp("own")
+    x, y = tfdist.data.synthetic_classification(2048, (8,), 4, seed=0)
+    rows = np.concatenate([x, y[:, None].astype(np.float32)], 1)
+    for i in range(16):
+        with tf.io.TFRecordWriter(str(folder / f"part-{i:02d}.tfrecord")) as writer:
+            for row in rows[i * 128:(i + 1) * 128]:
+                writer.write(tf.io.serialize_tensor(row).numpy())
+    return folder
+
+
+def _train_own(strategy, folder, directory=None, stop=None, stateless=True):
+    """3 epochs of 32 steps on one's own pipeline through `tfdist.data.resume`, backed up
+    every 8 steps; returns (the model, the records parsed)."""
+    from tests.workers import common
+
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = common.build_model("mlp", (8,), 4, (32,))
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)),
+                      loss="sparse_categorical_crossentropy")
+    callbacks, start, parsed = [], 0, [0]
+    if directory is not None:
+        backup = tfdist.callbacks.BackupAndRestore(directory, save_freq=8)
+        callbacks, start = [backup], backup.data_start
+    if stop is not None:
+        callbacks.append(CrashAfter(stop))
+    data = tfdist.data.distribute_batches(strategy, lambda: tfdist.data.resume(
+        _own_pipeline(folder, parsed, stateless), start))
+    with contextlib.suppress(Crash):
+        model.fit(data, epochs=3, steps_per_epoch=32, verbose=0, callbacks=callbacks)
+    return model, parsed[0]
+
+
+def test_your_own_pipeline_resumes_from_its_saved_position(mirrored, own_records, tmp_path,
+                                                           capfd):
+    """Stopped after step 75 of 96 (last backup at step 72) and run again with
+    `tfdist.data.resume(dataset, backup.data_start)`: the weights of a run never stopped, the
+    rerun parsing what is left (24 batches), its read-ahead and one shuffle buffer (the first
+    iterator fit draws one batch from, then drops), not the 72 batches before. A pipeline
+    whose state cannot be saved (a `py_function` under TensorFlow's default policy) still
+    resumes exactly, by reading those batches again, and says so in one line."""
+    straight, _ = _train_own(mirrored(2), own_records)
+    _train_own(mirrored(2), own_records, tmp_path / "kept", stop=75)
+    resumed, parsed = _train_own(mirrored(2), own_records, tmp_path / "kept")
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    left = (96 - 72) * BATCH
+    assert left <= parsed <= 1.1 * left + 256 + 12 * BATCH < 72 * BATCH, parsed / BATCH
+    assert "cannot be kept" not in capfd.readouterr().err
+
+    _train_own(mirrored(2), own_records, tmp_path / "skipped", stop=75, stateless=False)
+    said = capfd.readouterr().err
+    assert said.count("[tfdist] data: the position of your dataset cannot be kept") == 1, said
+    resumed, parsed = _train_own(mirrored(2), own_records, tmp_path / "skipped",
+                                 stateless=False)
+    assert "reading and dropping its first 72 batches" in capfd.readouterr().err
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert parsed >= 96 * BATCH
 
 
 @pytest.mark.multiprocess
@@ -256,7 +381,9 @@ def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(d
 
 PIPELINE = '''
 import atexit
+import json
 import os
+import signal
 
 import numpy as np
 import tensorflow as tf
@@ -264,10 +391,15 @@ import tensorflow as tf
 PARSED = [0]  # records this process parsed
 FOLDER = os.environ["RECORDS_FOLDER"]
 atexit.register(lambda: open(f"{FOLDER}/parsed-{os.getpid()}", "w").write(str(PARSED[0])))
+# A termination notice to worker 1 once it has parsed this many records (a test's fault).
+NOTICE = int(os.environ.get("NOTICE_AFTER", 0))
+WORKER = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
 
 
 def _count(x):
     PARSED[0] += 1
+    if PARSED[0] == NOTICE and WORKER == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
     return x
 
 
@@ -283,9 +415,12 @@ def sharded(seed, shard=(0, 1)):
     files = tf.data.Dataset.list_files(f"{FOLDER}/part-*.tfrecord", shuffle=False)
     train = (files.shard(count, index)
              .interleave(tf.data.TFRecordDataset, cycle_length=4)
-             .map(_parse))
+             .map(_parse)
+             .shuffle(256, seed=seed))
+    options = tf.data.Options()  # _count holds no position: the pipeline's state can be saved
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     test = tf.data.TFRecordDataset(f"{FOLDER}/test.tfrecord").map(_parse)
-    return train, test
+    return train.with_options(options), test
 
 
 def whole(seed):
@@ -295,10 +430,13 @@ def whole(seed):
 
 @pytest.mark.multiprocess
 def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
-    """A TFRecord pipeline of one's own (16 files, interleave, map) on 2 TF_CONFIG workers:
-    given a `shard` parameter, each worker parses half the records the job trains on plus a
-    read-ahead that does not grow with the job (40 epochs: at most 55%); without one, each
-    parses them all, and the run says so in one line."""
+    """A TFRecord pipeline of one's own (16 files, interleave, map, shuffle) on 2 TF_CONFIG
+    workers: given a `shard` parameter, each worker parses half the records the job trains on
+    plus a read-ahead that does not grow with the job (40 epochs: at most 55%); without one,
+    each parses them all, and the run says so in one line. Stopped by a termination notice in
+    epoch 37 and run again, the job ends with the weights of the run never stopped, and the
+    rerun parses what was left to train (its half), not the 36 epochs before: the pipeline's
+    position is in the backup."""
     import sys
 
     from tests.conftest import ROOT, worker_env
@@ -316,19 +454,24 @@ def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
     (tmp_path / "my_pipeline.py").write_text(PIPELINE)
     env = {**worker_env(), "RECORDS_FOLDER": str(tmp_path),
            "PYTHONPATH": f"{ROOT}:{tmp_path}"}
-    for function, epochs in (("sharded", 40), ("whole", 2)):
+    def job(function, epochs, output, *extra):
         for old in tmp_path.glob("parsed-*"):
             old.unlink()
-        workers = run_tf_workers(
+        return run_tf_workers(
             [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
              "engine.name=multi_worker", "--set", f"data.name=my_pipeline:{function}",
              "--set", "data.num_classes=4", "--set", "model.name=mlp", "--set",
              f"train.epochs={epochs}", "--set", "train.steps_per_epoch=32", "--set",
-             f"train.output_dir={tmp_path / function}", "--set", "train.verbose=0"], 2, 300,
-            env=env)
+             f"train.output_dir={tmp_path / output}", "--set", "train.verbose=0",
+             "--set", "train.run_name=run", *extra], 2, 300, env=env)
+
+    def parsed_by_each():  # but the test set (256 records, each worker evaluates it)
+        return [int(f.read_text()) - 256 for f in tmp_path.glob("parsed-*")]
+
+    for function, epochs in (("sharded", 40), ("whole", 2)):
+        workers = job(function, epochs, function)
         assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
-        # Parsed by each worker, but the test set (256 records, each worker evaluates it).
-        parsed = [int(f.read_text()) - 256 for f in tmp_path.glob("parsed-*")]
+        parsed = parsed_by_each()
         trained = epochs * 32 * 64  # the 2,048 training records in batches of 64
         warned = "reads the whole dataset and keeps 1/2 of each batch" in workers[0].output
         assert len(parsed) == 2 and warned == (function == "whole")
@@ -340,3 +483,22 @@ def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
             assert all(p <= 0.55 * trained for p in parsed), parsed
         else:
             assert all(p >= trained for p in parsed), parsed
+
+    # Backed up every 64 steps; worker 1 gets a notice in epoch 37 (its 36.5 epochs' records).
+    backups = ("--set", "train.checkpoint_steps=64")
+    env["NOTICE_AFTER"] = str(int(36.5 * 32 * 32) + 256)
+    noticed = job("sharded", 40, "resumed", *backups)
+    assert [r.returncode for r in noticed] == [76, 76], noticed[1].output[-3000:]
+    stopped_at = int(re.search(r"backed up step (\d+)", noticed[0].output + noticed[1].output)[1])
+    env["NOTICE_AFTER"] = "0"
+    again = job("sharded", 40, "resumed", *backups)
+    assert [r.returncode for r in again] == [0, 0], again[0].output[-3000:]
+    left = (40 * 32 - stopped_at) * 32  # records each worker has left to train
+    parsed = parsed_by_each()
+    # What is left, tf.data's and Keras' read-ahead (the first iterator fit draws a batch from
+    # and drops fills one shuffle buffer too), not the 36 epochs before: 1.1x + a constant.
+    assert all(left <= p <= 1.1 * left + 256 + 24 * 32 for p in parsed), (parsed, left)
+    straight = keras.saving.load_model(tmp_path / "sharded" / "run" / "model.keras")
+    resumed = keras.saving.load_model(tmp_path / "resumed" / "run" / "model.keras")
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)

@@ -72,7 +72,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     `directory`; run the same program again after a failure and training goes on from the last
     backup to the weights an uninterrupted run ends with. Feed `fit` from
     `tfdist.data.distribute` / `global_batches` with `start=backup.data_start` so the data
-    resumes too (any other deterministic dataset: skip `backup.data_start()` elements of it).
+    resumes too; a dataset of your own through `tfdist.data.resume(dataset,
+    start=backup.data_start)`, which keeps its position in the backups.
 
     Resuming needs the same model, optimizer and number of replicas per process; anything else
     is refused with a message naming the difference. The metrics' running totals are restored
@@ -160,6 +161,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._pending_metrics: list = []  # (replica copies, values) set when an epoch begins
         self.last_saved: int | None = None  # the step (global batches) of the last backup made
         self._epoch_logs: dict[str, float] = {}  # the last finished epoch's logs
+        self._inputs: list = []  # input pipelines whose position the backups keep
+
+    def keep_input(self, pipeline) -> int:
+        """Keeps `pipeline`'s position in every backup (`tfdist.data.resume` with
+        `start=backup.data_start` does this); returns its number in this process."""
+        self._inputs.append(pipeline)
+        return len(self._inputs) - 1
 
     @property
     def skipping(self) -> bool:
@@ -391,6 +399,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
             self._checkpoint().write(os.path.join(partial, STATE))
+            for pipeline in self._inputs:
+                pipeline.save(partial, step)
             copies = {str(i): np.stack([np.asarray(c.numpy()) for c in replica_copies(v)])
                       for i, v in enumerate(variables)}
             np.savez(os.path.join(partial, COPIES), **copies)  # type: ignore[arg-type]
@@ -549,6 +559,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         # The data goes on at the next batch; fit's loop passes the epoch's finished steps
         # without running them (and without reading data).
         self._consumed, self._resumed_batch = meta["consumed"], meta["batch"]
+        for pipeline in self._inputs:
+            pipeline.restore(path if same else None, meta["consumed"])
         self.last_saved = meta["consumed"]
         skip = meta["batch"] // meta.get("steps_per_execution", 1)
         set_initial_epoch(self.model, meta["epoch"])

@@ -149,9 +149,14 @@ def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = 
 
 def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.Dataset:
     """`dataset` from element `start` on, for datasets that are not tfdist's own: `start` is an
-    int or a callable (`BackupAndRestore.data_start`) called whenever an iterator is created.
-    The skipped elements are read and dropped, so the dataset must give the same sequence
-    every time (a fixed shuffle seed).
+    int or a callable called whenever an iterator is created.
+
+    With `start=backup.data_start` of a `tfdist.callbacks.BackupAndRestore` (and `dataset`
+    endless, as `fit` with `steps_per_epoch` reads it), the dataset's position is kept in the
+    backups: each holds the pipeline's state, and a resume restores it, reading nothing it read
+    before (`tfdist.data.position`). Otherwise, and where a pipeline's state cannot be saved
+    (it holds Python state), the skipped elements are read and dropped, so the dataset must
+    give the same sequence every time (a fixed shuffle seed).
 
     Example:
         ```python
@@ -162,6 +167,11 @@ def resume(dataset: tf.data.Dataset, start: int | Callable[[], int]) -> tf.data.
     """
     if not callable(start):
         return dataset.skip(_check_start(start))
+    backup = getattr(start, "__self__", None)
+    if hasattr(backup, "keep_input"):  # BackupAndRestore.data_start: kept in its backups
+        from tfdist.data.position import KeptPosition
+
+        return KeptPosition(dataset, backup).dataset()
     return _origin(start).flat_map(dataset.skip)
 
 

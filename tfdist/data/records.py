@@ -22,6 +22,7 @@ function of TensorFlow ops on one scalar string.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import struct
@@ -39,6 +40,7 @@ FORMAT = "tfdist-records/1"
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data
 READ_AHEAD = 1  # batches read at once, ahead of the one being decoded
+RECENT = 16  # reads whose records `find_bad` looks through after a failure
 DECODERS = max(2, os.cpu_count() or 2)  # records decoded at once
 
 
@@ -100,6 +102,7 @@ class RecordSource:
         self.records_read = 0
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._recent: collections.deque = collections.deque(maxlen=RECENT)  # last reads' ids
 
     def __len__(self) -> int:
         return int(self._first[-1])
@@ -136,7 +139,32 @@ class RecordSource:
             out.append(framed[_HEADER:_HEADER + length])
         with self._lock:
             self.records_read += len(out)
+            self._recent.append(indices)
         return out
+
+    def find_bad(self, decode: Callable, x_shape, y_shape) -> str | None:
+        """Which of the records read last (the last `RECENT` reads) `decode` fails on, or
+        decodes to other shapes than (`x_shape`, `y_shape`): said as "record i of FILE (record
+        j there): what"; None when they all decode. For an error in the middle of a run, which
+        TensorFlow reports without the record."""
+        import tensorflow as tf
+
+        with self._lock:
+            recent = list(self._recent)
+        for index in dict.fromkeys(int(i) for ids in recent for i in ids):  # once each, in order
+            try:
+                x, y = decode(tf.constant(self.read([index])[0]))
+                shapes = tuple(x.shape), tuple(y.shape)
+                problem = None if shapes == (tuple(x_shape), tuple(y_shape)) else (
+                    f"decodes to shapes {list(shapes[0])} and {list(shapes[1])} where record 0 "
+                    f"decodes to {list(x_shape)} and {list(y_shape)}")
+            except Exception as e:  # noqa: BLE001 (any failure of the user's function is said)
+                said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                problem = f"does not decode: {type(e).__name__}: {said}"
+            if problem is not None:
+                file, number = self.locate(index)
+                return f"record {index} of {file} (record {number} there) {problem}"
+        return None
 
     def _handle(self, shard: int):
         """This thread's open file of `shard` (tf.data calls `read` from several threads)."""

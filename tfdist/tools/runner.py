@@ -73,15 +73,18 @@ def _run(config: dict[str, Any], job: JobEngine, progress: bool,
     start, callbacks = job.resume(run, model, optimizer, work.steps)
     dataset, fed = job.feed(work.input(start), work.warmup_epochs, work.scale)
     try:
-        history = model.fit(dataset, epochs=config["train"]["epochs"],
-                            steps_per_epoch=work.steps, verbose=report.verbosity(),
-                            callbacks=callbacks + fed + report.callbacks(job.callbacks()))
+        with work.reading():
+            history = model.fit(dataset, epochs=config["train"]["epochs"],
+                                steps_per_epoch=work.steps, verbose=report.verbosity(),
+                                callbacks=callbacks + fed + report.callbacks(job.callbacks()))
     except BackupError as e:
         raise ConfigError(f"{e} (train.output_dir holds the backups)") from None
     report.fitted()
     epilogue.begin(config["train"]["preemption_signals"])
     _fault_point("trained")
-    summary = report.summary(history, work.evaluate(model), job)
+    with work.reading():
+        evaluation = work.evaluate(model)
+    summary = report.summary(history, evaluation, job)
     summary.update(job.report(model, optimizer, work.steps * config["train"]["epochs"],
                               work.micro_batch, str(run.path)))
     if config["train"]["save_model"]:

@@ -7,6 +7,7 @@ The model and the data are built in (`model.name`: mlp, cnn, resnet50, transform
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -103,6 +104,21 @@ class Workload:
     def test_examples(self) -> int:
         return sum(int(np.shape(y)[0]) for _, y in self.data.test_batches())
 
+    @contextlib.contextmanager
+    def reading(self):
+        """Where the data is read (training, the evaluation): a TensorFlow error there caused
+        by a record of the record set that does not decode becomes one naming the record
+        (TensorFlow's names the op only)."""
+        try:
+            yield
+        except tf.errors.OpError as e:
+            bad = self.data.find_bad()
+            if bad is None:
+                raise
+            raise ConfigError(f"data.path: {bad}; training stopped there, the backups are "
+                              "kept. Mend the record, or make data.decode accept it, and run "
+                              "the same command again") from e
+
 
 @dataclass
 class Input:
@@ -198,7 +214,7 @@ class Data:
         the epoch (a dataset of your own keeps its own order); a record set is read only where
         the slice is."""
         if self.records:
-            return record_batches(self.train, batch_size, seed, self.decode, (index, count),
+            return record_batches(self.train, batch_size, seed, self._shaped(), (index, count),
                                   start=start)
         if self.arrays:
             x, y = self.train
@@ -220,12 +236,33 @@ class Data:
         """The whole global batches (`shard` of one slice)."""
         return self.shard(batch_size, seed, start, 0, 1)
 
+    def _shaped(self):
+        """The records' decode function, held to the shapes record 0 decodes to (which the
+        model is built for): a record that decodes otherwise stops the run there."""
+        decode = self.decode or decode_example(self.train.meta)
+
+        def shaped(record):
+            x, y = decode(record)
+            return (tf.ensure_shape(x, self.input_shape),
+                    tf.ensure_shape(y, self.label_shape))
+
+        return shaped
+
+    def find_bad(self) -> str | None:
+        """A record set's record read last that does not decode as record 0 did, said
+        (`RecordSource.find_bad`); None: none (or no record set)."""
+        if not self.records:
+            return None
+        decode = self.decode or decode_example(self.train.meta)
+        return next(filter(None, (source.find_bad(decode, self.input_shape, self.label_shape)
+                                  for source in (self.train, self.test))), None)
+
     def test_batches(self):
         if self.arrays:
             x, y = self.test
             return [(x, y)]
         if self.records:
-            return record_test_batches(self.test, decode=self.decode)
+            return record_test_batches(self.test, decode=self._shaped())
         return self.test.batch(256)
 
 
@@ -257,7 +294,7 @@ def _records(d: dict[str, Any]) -> Data:
     classes = train.meta.get("num_classes", d["num_classes"])
     if not y.dtype.is_integer:
         classes = None  # regression targets
-    return Data(train, test, shape, classes, decode, tuple(y.shape))
+    return Data(train, test, shape, classes, decode, label_shape=tuple(y.shape))
 
 
 def load_data(c: dict[str, Any]) -> Data:

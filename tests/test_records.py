@@ -180,13 +180,14 @@ def test_a_record_that_does_not_decode_mid_run_is_named(tmp_path, monkeypatch, f
                  else tf.io.serialize_tensor(tf.zeros([5])).numpy())
     write_records(tmp_path / "mine", {"train": rows[:640], "test": rows[640:]},
                   {"source": "tfrecord"}, shard_mb=0.01)
-    (tmp_path / "my_decode.py").write_text(
+    (tmp_path / "mid_run_decode.py").write_text(
         "import tensorflow as tf\n\n\ndef decode(record):\n"
         "    v = tf.io.parse_tensor(record, tf.float32)\n"
         "    return v[:-1], tf.cast(v[-1], tf.int32)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = load_config(None, [
-        "data.name=records", f"data.path={tmp_path / 'mine'}", "data.decode=my_decode:decode",
+        "data.name=records", f"data.path={tmp_path / 'mine'}",
+        "data.decode=mid_run_decode:decode",
         "data.num_classes=3", "data.global_batch_size=32", "model.name=mlp",
         "train.checkpoint_steps=4", f"train.output_dir={tmp_path / 'out'}",
         "train.run_name=run", "train.verbose=0", "engine.name=single"])

@@ -159,7 +159,9 @@ class RecordSource:
                     f"decodes to shapes {list(shapes[0])} and {list(shapes[1])} where record 0 "
                     f"decodes to {list(x_shape)} and {list(y_shape)}")
             except Exception as e:  # noqa: BLE001 (any failure of the user's function is said)
-                said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                said = getattr(e, "message", None) or str(e)  # TensorFlow's: not its op's name
+                said = said.split("}}")[-1].split("[Op:")[0].strip().splitlines()
+                said = said[0] if said else ""
                 problem = f"does not decode: {type(e).__name__}: {said}"
             if problem is not None:
                 file, number = self.locate(index)

@@ -197,13 +197,19 @@ def test_an_elastic_job_whose_output_dir_is_not_shared_is_refused_before_trainin
 
 @pytest.mark.multiprocess
 def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference):
-    """train.resize_policy=throughput: after 6 measured steps on 3 workers the job is moved to
-    2 (does the third worker help?), measured again, and settles; each move printed with its
-    reason; no example lost or repeated, the same weights."""
+    """train.resize_policy=throughput on the digits record set: after 6 measured steps on 3
+    workers the job is moved to 2 mid-epoch (does the third worker help?), measured again, and
+    settles; each move printed with its reason; no example lost or repeated, the weights of
+    the same job on the digits arrays never stopped (each size reads only its slices)."""
+    records = tmp_path / "digits"
+    subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "data", "convert", "--from",
+                    "digits", "--out", str(records)], check=True, cwd=ROOT, env=worker_env(),
+                   capture_output=True, timeout=120)
     out = tmp_path / "resized"
     result = subprocess.run(
         [*_elastic_command(out, "--max-workers", "3"), "--set", "train.resize_policy=throughput",
-         "--set", "train.resize_every=6"], capture_output=True, text=True, cwd=ROOT,
+         "--set", "train.resize_every=6", "--set", "data.name=records", "--set",
+         f"data.path={records}"], capture_output=True, text=True, cwd=ROOT,
         env=worker_env(), timeout=450)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"\[launch\] elastic: resizing from 3 to 2 workers \(3 workers run at "

@@ -717,3 +717,39 @@ def test_a_recommendation_says_how_to_run_it_and_when_its_margin_is_thin(capsys)
     assert best("topk", "EF-TopK 0.01")[0].endswith(
         "--set compression.options={ratio: 0.01} --set compression.error_feedback=true")
     assert best("zero3", "ZeRO-3") == ["to run it: --set optimizer.zero_stage=3"]
+
+
+def test_an_input_slower_than_the_step_bounds_every_algorithm_and_is_said(capsys):
+    """A decode cost per example: where the input pipeline needs longer than an algorithm's
+    step, that step is the input's time; where it needs longer than the best one, the
+    recommendation says the input, not the exchange, bounds the step. A cheap input changes
+    nothing."""
+    from tfdist.tools.cli import main
+
+    work = Workload.from_parameters(25_000_000, 0.030)
+    cluster = Cluster(8, Link(10))
+    alone = predict(work, cluster)
+    for input_s in (0.010, 0.1024):
+        fed = predict(dataclasses.replace(work, input_s=input_s), cluster)
+        for a, b in zip(alone.estimates, fed.estimates, strict=True):
+            assert b.step_s == max(a.step_s, input_s), b.label
+            assert ("input bound" in b.note) == (input_s > a.step_s), b.note
+        bound = input_s > alone.best.step_s
+        assert fed.reason.startswith("input, not the exchange, bounds the step") == bound
+        if not bound:
+            assert fed.best == alone.best and fed.reason == alone.reason
+    assert main(["plan", "--parameters", "25000000", "--compute-ms", "30", "--workers", "8",
+                 "--decode-ms", "0.4", "--batch", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "input 102.4 ms per step" in out
+    assert "recommended: FP16 all-reduce: input, not the exchange, bounds the step: the input " \
+        "pipeline needs 102.4 ms per step" in out
+    assert main(["plan", "--parameters", "25000000", "--compute-ms", "30", "--workers", "8",
+                 "--decode-ms", "0.4", "--batch", "256", "--decode-cores", "4"]) == 0
+    assert "input 25.6 ms per step" in capsys.readouterr().out
+    for args, said in ((["--decode-ms", "0.4"], "--decode-ms with --parameters needs --batch"),
+                       (["--decode-ms", "-1", "--batch", "8"], "--decode-ms -1.0: must be >= 0"),
+                       (["--decode-ms", "1", "--batch", "8", "--decode-cores", "0"],
+                        "--decode-cores 0: give the cores")):
+        assert main(["plan", "--parameters", "1000", "--compute-ms", "1", *args]) == 2
+        assert said in capsys.readouterr().err

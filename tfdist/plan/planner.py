@@ -290,6 +290,10 @@ class Workload:
             (`tfdist.plan.costs.gathers_rows`); the compressors, local SGD, ZeRO, the pipeline
             and the servers send the whole table. `from_keras(model, ..., batch=B)` counts
             them.
+        input_s: Seconds one worker's input pipeline needs per step (reading and decoding its
+            examples on the cores it has for them, e.g. `tfdist plan --decode-ms`). It runs
+            beside the step (tf.data reads ahead), so a step takes at least this long, whatever
+            the exchange. 0 (the default): not counted.
 
     Example:
         ```python
@@ -311,6 +315,7 @@ class Workload:
     precision: str = "float32"
     update_saving_s: float = 0.0
     sparse_rows: tuple[int, ...] = ()
+    input_s: float = 0.0
 
     def __post_init__(self):
         shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
@@ -326,6 +331,7 @@ class Workload:
         check_number("backward_share", self.backward_share, 0, 1)
         check_choice("precision", self.precision, PRECISIONS)
         check_number("update_saving_s", self.update_saving_s, 0)
+        check_number("input_s", self.input_s, 0)
         self.sparse_rows = tuple(int(r) for r in self.sparse_rows)
         if self.sparse_rows and (len(self.sparse_rows) != len(shapes)
                                  or any(r < 0 for r in self.sparse_rows)):
@@ -808,8 +814,23 @@ def predict(workload: Workload, cluster: Cluster,
             estimates.append(estimate)
     if not estimates:
         raise ValueError(f"No algorithm applies: {left_out}")
+    estimates = [_fed(e, workload.input_s) for e in estimates]
     best, reason = _recommend(estimates, cluster)
+    if best is not None and best.step_s == workload.input_s:
+        reason = (f"input, not the exchange, bounds the step: the input pipeline needs "
+                  f"{workload.input_s * 1e3:,.1f} ms per step; decode on more cores or off the "
+                  f"trainers (docs/guides/data.md); {reason}")
     return Plan(workload, cluster, calibration, tuple(estimates), best, reason, left_out)
+
+
+def _fed(estimate: Estimate, input_s: float) -> Estimate:
+    """`estimate` with its input: a step no shorter than the input pipeline's `input_s`."""
+    if input_s <= estimate.step_s:
+        return estimate
+    note = (f"input bound: {estimate.step_s * 1e3:,.1f} ms of step waits for "
+            f"{input_s * 1e3:,.1f} ms of input")
+    return dataclasses.replace(estimate, step_s=input_s,
+                               note=f"{estimate.note}; {note}" if estimate.note else note)
 
 
 def _recommend(estimates: list[Estimate], cluster: Cluster) -> tuple[Estimate | None, str]:

@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="examples of one worker's step: the compute step is measured at "
                            "it, and an embedding's gradient priced as the rows it looks up "
                            "(default: the config's data.global_batch_size; 32 for --model-file)")
+    plan.add_argument("--decode-ms", type=float, metavar="MS",
+                      help="reading and decoding one example on one core, in ms (e.g. "
+                           "`tfdist bench --suite input`'s decode cost): the plan says where "
+                           "the input, not the exchange, bounds the step (default: not counted)")
+    plan.add_argument("--decode-cores", type=int, default=1, metavar="C",
+                      help="cores each worker decodes on, with --decode-ms (default: "
+                           "%(default)s)")
     plan.add_argument("--optimizer-slots", type=int, metavar="K",
                       help="optimizer state per parameter (Adam 2, momentum 1, SGD 0; "
                            "default: counted on the config's optimizer, 2 with --parameters)")

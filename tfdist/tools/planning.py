@@ -128,6 +128,8 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
         if args.compute_ms is None:
             raise ValueError("--parameters needs --compute-ms: there is no model to measure "
                              "(or give a config or --model-file instead)")
+        if args.decode_ms is not None:
+            extra["input_s"] = input_seconds(args, args.batch)
         return (Workload.from_parameters(args.parameters, args.compute_ms / 1e3, **extra),
                 "given")
     import keras
@@ -148,12 +150,23 @@ def workload(args, config: dict[str, Any] | None) -> tuple[Workload, str]:
         batch = args.batch or config["data"]["global_batch_size"]
     if "optimizer_slots" not in extra:
         extra["optimizer_slots"] = optimizer_slots(optimizer, model.trainable_variables)
+    if args.decode_ms is not None:
+        extra["input_s"] = input_seconds(args, batch)
     if args.compute_ms is not None:
         compute, how = args.compute_ms / 1e3, "given"
     else:
         compute = measure_compute(model, optimizer, batch)
         how = f"measured on this machine's first device, batch {batch}, tfdist's fused update"
     return Workload.from_keras(model, compute, batch=batch, **extra), how
+
+
+def input_seconds(args, batch: int | None) -> float:
+    """One worker's input time per step: `batch` examples at --decode-ms each, on
+    --decode-cores cores."""
+    if batch is None:
+        raise ValueError("--decode-ms with --parameters needs --batch: the examples one worker "
+                         "decodes per step")
+    return batch * args.decode_ms / 1e3 / args.decode_cores
 
 
 def cluster(args, workers: int) -> Cluster:
@@ -180,7 +193,10 @@ def check(args) -> None:
     cluster(args, 1)
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch {args.batch}: give the examples of one worker's step, >= 1")
-    for name in ("compute_ms", "latency_us", "update_saving_ms"):
+    if args.decode_cores < 1:
+        raise ValueError(f"--decode-cores {args.decode_cores}: give the cores each worker "
+                         "decodes on, >= 1")
+    for name in ("compute_ms", "latency_us", "update_saving_ms", "decode_ms"):
         value = getattr(args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 0")
@@ -206,6 +222,9 @@ def report(results: list[Plan], how: str, out=None, stragglers: Stragglers | Non
     mixed = ", mixed precision (float32 master copy)" if w.precision == "mixed" else ""
     print(f"model: {w.name}{size}, optimizer state {w.optimizer_slots} per parameter{mixed}, "
           f"compute {w.compute_s * 1e3:,.1f} ms per step ({how})", file=out)
+    if w.input_s:
+        print(f"input {w.input_s * 1e3:,.1f} ms per step (read and decoded beside the step; a "
+              "step takes at least this long)", file=out)
     if w.update_saving_s:
         print(f"tfdist's fused update saves {w.update_saving_s * 1e3:,.1f} ms of it (dense, FP16, "
               "PowerSGD, top-k and local SGD are priced without it)", file=out)

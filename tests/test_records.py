@@ -503,3 +503,58 @@ def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
     resumed = keras.saving.load_model(tmp_path / "resumed" / "run" / "model.keras")
     for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_a_folder_of_images_converts_and_trains(tmp_path, capsys):
+    """`tfdist data convert --from images`: a folder with a subfolder per class, images of
+    several sizes and formats, becomes a record set that decodes by itself to the size asked
+    for, every image in it once with its class's label; `tfdist train` trains on it. A file that
+    is not an image, a folder without class subfolders and a bad size are each refused in one
+    line naming it."""
+    from tfdist.tools.cli import main
+    from tfdist.tools.config import load_config
+    from tfdist.tools.runner import train
+    from tfdist.tools.workload import load_data
+
+    images = tmp_path / "images"
+    expected = {}  # (class, index) -> label
+    for label, name in enumerate(["cat", "dog", "owl"]):
+        (images / name).mkdir(parents=True)
+        for k in range(12):
+            size = (10 + k % 3, 14 + k % 2)
+            pixels = np.full([*size, 3], 40 * label + 3 * k, np.uint8)  # one value: its tag
+            encoded = tf.io.encode_png(pixels) if k % 2 else tf.io.encode_jpeg(pixels, quality=100)
+            (images / name / f"{k:02d}.{'png' if k % 2 else 'jpg'}").write_bytes(encoded.numpy())
+            expected[40 * label + 3 * k] = label
+    (images / "cat" / "notes.txt").write_text("not an image: skipped by its suffix")
+    out = tmp_path / "records"
+    assert main(["data", "convert", "--from", "images", str(images), "--out", str(out),
+                 "--image-size", "8,8"]) == 0
+    assert "train on it       tfdist train --set data.name=records --set data.path=" \
+        f"{out}\n" in capsys.readouterr().out
+    data = load_data(load_config(None, ["data.name=records", f"data.path={out}"]))
+    assert data.input_shape == (8, 8, 3) and data.num_classes == 3
+    seen = []
+    for source in (data.train, data.test):
+        for record in source.read(range(len(source))):
+            x, y = data.decode(tf.constant(record))
+            tag = int(round(float(x[4, 4, 0]) * 255))
+            assert expected[min(expected, key=lambda t: abs(t - tag))] == int(y)
+            seen.append(min(expected, key=lambda t: abs(t - tag)))
+    assert sorted(seen) == sorted(expected)  # every image once
+    summary = train(load_config(None, [
+        "data.name=records", f"data.path={out}", "model.name=mlp", "data.global_batch_size=8",
+        "train.epochs=2", f"train.output_dir={tmp_path / 'run'}", "train.verbose=0",
+        "engine.name=single"]), progress=False)
+    assert summary["test_examples"] == len(data.test) and 0 <= summary["test_accuracy"] <= 1
+
+    (images / "dog" / "broken.png").write_bytes(b"not a png")
+    assert main(["data", "convert", "--from", "images", str(images), "--out",
+                 str(tmp_path / "b")]) == 2
+    assert f"{images / 'dog' / 'broken.png'}: not an image TensorFlow decodes" in \
+        capsys.readouterr().err
+    for args, said in (([str(tmp_path / "records")], "no images in subfolders"),
+                       ([str(images), "--image-size", "8"], "--image-size '8': give height,width")):
+        assert main(["data", "convert", "--from", "images", *args, "--out",
+                     str(tmp_path / "c")]) == 2
+        assert said in capsys.readouterr().err

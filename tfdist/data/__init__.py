@@ -17,6 +17,7 @@ from tfdist.data.records import (
     RecordError,
     RecordSource,
     convert_arrays,
+    convert_images,
     convert_tfrecords,
     record_batches,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "RecordError",
     "RecordSource",
     "convert_arrays",
+    "convert_images",
     "convert_tfrecords",
     "distribute_shards",
     "record_batches",

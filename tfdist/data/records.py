@@ -215,6 +215,32 @@ def _read_index(shard: Path) -> np.ndarray:
 
 
 # -- the global batches, read by index ---------------------------------------------------------
+def default_decoder(meta: dict[str, Any]) -> Callable | None:
+    """The decode function of a record set tfdist wrote from arrays or images (`meta`: its
+    records.json); None for records of your own."""
+    return {"arrays": decode_example, "images": decode_image}.get(meta.get("source"),
+                                                                 lambda _: None)(meta)
+
+
+def decode_image(meta: dict[str, Any]) -> Callable:
+    """The decode function of records written from images (`convert_images`): one serialized
+    `tf.train.Example` -> (the image resized to meta's image_size, float32 in [0, 1], its
+    label as int32)."""
+    import tensorflow as tf
+
+    features = {"image": tf.io.FixedLenFeature([], tf.string),
+                "label": tf.io.FixedLenFeature([], tf.int64)}
+    size, channels = meta["image_size"], meta["channels"]
+
+    def decode(record):
+        parsed = tf.io.parse_single_example(record, features)
+        image = tf.io.decode_image(parsed["image"], channels=channels, expand_animations=False)
+        image = tf.image.resize(tf.cast(image, tf.float32) / 255.0, size)
+        return tf.ensure_shape(image, [*size, channels]), tf.cast(parsed["label"], tf.int32)
+
+    return decode
+
+
 def decode_example(meta: dict[str, Any]) -> Callable:
     """The decode function of records written from arrays (`write_records`): one serialized
     `tf.train.Example` -> (x, y) with the dtypes and shapes `meta` (records.json) gives."""
@@ -476,22 +502,96 @@ def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: f
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise RecordError(f"{missing[0]}: no such file")
-    rng_key = np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64)
-
-    def split_of(k: int) -> bool:  # a seeded, stateless hash of the record's number
-        h = (np.uint64(k) * np.uint64(0xBF58476D1CE4E5B9) ^ rng_key) * np.uint64(
-            0x94D049BB133111EB)
-        return float(h >> np.uint64(11)) / 2**53 < test_fraction
 
     def records(test: bool) -> Iterator[bytes]:
         dataset = tf.data.TFRecordDataset(files)
         for k, record in enumerate(dataset.as_numpy_iterator()):
-            if split_of(k) == test:
+            if _in_test(k, test_fraction, seed) == test:
                 yield record
 
+    return write_records(out, {"train": records(False), "test": records(True)},
+                         {"source": "tfrecord"}, shard_mb, progress)
+
+
+IMAGE_TYPES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+
+
+def convert_images(out: str | os.PathLike, folder: str | os.PathLike,
+                   image_size: tuple[int, int] | None = None, channels: int = 3,
+                   test_fraction: float = 0.2, seed: int = 0, shard_mb: float = 256.0,
+                   progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """A record set of the images in `folder`, one subfolder per class (the classes are the
+    subfolders' names in sorted order, labels 0, 1, ...): each record the image's file as it
+    is (JPEG, PNG, GIF or BMP, checked to decode) and its label; image k (by class, then
+    name) goes to the test split when a seeded hash of k falls below `test_fraction`. The set
+    decodes by itself (`decode_image`): to `image_size` (height, width; default: the first
+    image's) with `channels` channels, float32 in [0, 1]. Returns the meta written.
+
+    Example:
+        ```python
+        import tempfile
+        from pathlib import Path
+
+        folder = Path(tempfile.mkdtemp())
+        for label in ("cat", "dog"):
+            (folder / label).mkdir()
+            for k in range(5):
+                image = tf.cast(tf.random.uniform([12, 16, 3], 0, 255), tf.uint8)
+                (folder / label / f"{k}.png").write_bytes(tf.io.encode_png(image).numpy())
+        meta = tfdist.data.convert_images(f"{folder}/records", folder, image_size=(8, 8))
+        assert meta["classes"] == ["cat", "dog"] and meta["image_size"] == [8, 8]
+        ```
+    """
+    import tensorflow as tf
+
+    folder = Path(folder)
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    images = [(f, label) for label, name in enumerate(classes)
+              for f in sorted((folder / name).iterdir()) if f.suffix.lower() in IMAGE_TYPES]
+    if not images:
+        raise RecordError(f"{folder}: no images in subfolders (one subfolder per class, "
+                          f"holding {', '.join(IMAGE_TYPES)} files)")
+    if channels not in (1, 3):
+        raise ValueError(f"`channels` must be 1 or 3. Received: channels={channels!r}")
+
+    def decoded(path: Path) -> tuple[bytes, Any]:
+        data = path.read_bytes()
+        try:
+            return data, tf.io.decode_image(data, channels=channels, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            said = (getattr(e, "message", None) or str(e)).split("}}")[-1].split("[Op:")[0]
+            raise RecordError(f"{path}: not an image TensorFlow decodes ({said.strip()}); "
+                              "remove or convert it") from None
+
+    if image_size is None:
+        image_size = tuple(int(n) for n in decoded(images[0][0])[1].shape[:2])
+    if len(image_size) != 2 or any(not isinstance(n, int) or n < 1 for n in image_size):
+        raise ValueError(f"`image_size` must be (height, width), each >= 1. Received: "
+                         f"image_size={image_size!r}")
+
+    def records(test: bool) -> Iterator[bytes]:
+        for k, (path, label) in enumerate(images):
+            if _in_test(k, test_fraction, seed) == test:
+                features = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(
+                                value=[decoded(path)[0]])),
+                            "label": tf.train.Feature(int64_list=tf.train.Int64List(
+                                value=[label]))}
+                yield tf.train.Example(features=tf.train.Features(
+                    feature=features)).SerializeToString()
+
+    meta = {"source": "images", "classes": classes, "num_classes": len(classes),
+            "image_size": list(image_size), "channels": channels}
+    return write_records(out, {"train": records(False), "test": records(True)}, meta,
+                         shard_mb, progress)
+
+
+def _in_test(k: int, test_fraction: float, seed: int) -> bool:
+    """Whether record k goes to the test split: a seeded, stateless hash of k below
+    `test_fraction`."""
+    key = np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64)
     with np.errstate(over="ignore"):
-        return write_records(out, {"train": records(False), "test": records(True)},
-                             {"source": "tfrecord"}, shard_mb, progress)
+        h = (np.uint64(k) * np.uint64(0xBF58476D1CE4E5B9) ^ key) * np.uint64(0x94D049BB133111EB)
+    return float(h >> np.uint64(11)) / 2**53 < test_fraction
 
 
 class Progress:

@@ -3,7 +3,7 @@
     tfdist train [--config configs/default.yaml] [--set section.key=value ...] [--verbose]
     tfdist bench --suite SUITE [--quick] [--out DIR] ...
     tfdist info
-    tfdist data convert --from npz|tfrecord|digits [INPUT ...] --out DIR [--shard-mb MB]
+    tfdist data convert --from npz|tfrecord|images|digits [INPUT ...] --out DIR [--shard-mb MB]
     tfdist plan [--config PATH] [--parameters N --compute-ms MS] --workers N,... --link RATE ...
                 [--stragglers SLOW:SLOWDOWN[:SIGMA[:LATE_S]]]
 
@@ -156,15 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     convert = data_sub.add_parser(
         "convert", parents=[verbose], help="write a record set from NumPy arrays, TFRecord "
-        "files or the embedded digits set",
+        "files, a folder of images or the embedded digits set",
         description="Writes a record set (train and test splits, TFRecord shards with their "
                     "indexes, records.json) that `data.name: records`, `data.path: DIR` "
-                    "trains on. Arrays (an .npz with x and y) decode by themselves; TFRecord "
-                    "records stay yours: name your decode function in data.decode.")
+                    "trains on. Arrays (an .npz with x and y) and images decode by themselves; "
+                    "TFRecord records stay yours: name your decode function in data.decode.")
     convert.add_argument("--from", dest="source", required=True,
-                         choices=("npz", "tfrecord", "digits"),
+                         choices=("npz", "tfrecord", "images", "digits"),
                          help="npz: one .npz file holding arrays x and y; tfrecord: TFRecord "
-                              "files (or globs); digits: the embedded digits set")
+                              "files (or globs); images: a folder with one subfolder of image "
+                              "files per class; digits: the embedded digits set")
     convert.add_argument("inputs", nargs="*", metavar="INPUT", help="the files to convert")
     convert.add_argument("--out", required=True, metavar="DIR",
                          help="the record set's directory (new, or empty)")
@@ -173,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--seed", type=int, default=0, help="seed of the test split")
     convert.add_argument("--shard-mb", type=float, default=256.0, metavar="MB",
                          help="largest shard, in MB (default 256)")
+    convert.add_argument("--image-size", metavar="H,W",
+                         help="images: the size they decode to (default: the first image's)")
+    convert.add_argument("--channels", type=int, default=3, choices=(1, 3),
+                         help="images: 1 (grey) or 3 (RGB, the default)")
 
     from tfdist.plan import DEFAULT_ALGORITHMS, SPEC_HELP
     from tfdist.plan.planner import ENGINES, PRECISIONS
@@ -584,7 +589,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_data(args) -> int:
-    """`tfdist data convert`: a record set from arrays, TFRecord files or the digits set, with
+    """`tfdist data convert`: a record set from arrays, TFRecord files, images or the digits set, with
     a progress line per split; one line on a mistake (exit 2)."""
     import glob
 
@@ -599,6 +604,12 @@ def cmd_data(args) -> int:
         if args.source == "tfrecord":
             files = sorted(f for given in args.inputs for f in (glob.glob(given) or [given]))
             meta = data.convert_tfrecords(args.out, files, **common)
+        elif args.source == "images":
+            if len(args.inputs) != 1:
+                raise data.RecordError("--from images converts one folder (one subfolder per "
+                                       "class)")
+            meta = data.convert_images(args.out, args.inputs[0], _image_size(args.image_size),
+                                       args.channels, **common)
         else:
             if args.source == "digits":
                 x, y = data.load_digits("all")
@@ -620,8 +631,19 @@ def cmd_data(args) -> int:
                        for split, n in meta["splits"].items())
     print(f"record set        {args.out}: {splits}")
     print(f"train on it       tfdist train --set data.name=records --set data.path={args.out}"
-          + ("" if meta["source"] == "arrays" else " --set data.decode=module:function"))
+          + ("" if meta["source"] in ("arrays", "images")
+             else " --set data.decode=module:function"))
     return 0
+
+
+def _image_size(text: str | None) -> tuple[int, int] | None:
+    """--image-size H,W."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--image-size {text!r}: give height,width in pixels, e.g. 224,224")
+    return int(parts[0]), int(parts[1])
 
 
 TOOLS_EXTRA = "pip install 'tfdist[tools]'"  # PyYAML (configs) and matplotlib (plots)

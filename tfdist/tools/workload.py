@@ -31,7 +31,7 @@ from tfdist.data import (
     shard_batches,
     synthetic_classification,
 )
-from tfdist.data.records import decode_example
+from tfdist.data.records import default_decoder
 from tfdist.data.records import test_batches as record_test_batches
 from tfdist.optimizers import chain_of
 from tfdist.tools.errors import ConfigError
@@ -175,7 +175,7 @@ class Data:
     test: Any
     input_shape: tuple
     num_classes: int | None
-    decode: Any = None  # records: record -> (x, y); None: the arrays' own decoder
+    decode: Any = None  # records: record -> (x, y)
     # Your own datasets from a function taking `shard`: (index, count) -> that slice's train
     # dataset (its own files), read by input pipeline `index` of `count`.
     sharded: Any = None
@@ -239,10 +239,8 @@ class Data:
     def _shaped(self):
         """The records' decode function, held to the shapes record 0 decodes to (which the
         model is built for): a record that decodes otherwise stops the run there."""
-        decode = self.decode or decode_example(self.train.meta)
-
         def shaped(record):
-            x, y = decode(record)
+            x, y = self.decode(record)
             return (tf.ensure_shape(x, self.input_shape),
                     tf.ensure_shape(y, self.label_shape))
 
@@ -253,8 +251,7 @@ class Data:
         (`RecordSource.find_bad`); None: none (or no record set)."""
         if not self.records:
             return None
-        decode = self.decode or decode_example(self.train.meta)
-        return next(filter(None, (source.find_bad(decode, self.input_shape, self.label_shape)
+        return next(filter(None, (source.find_bad(self.decode, self.input_shape, self.label_shape)
                                   for source in (self.train, self.test))), None)
 
     def test_batches(self):
@@ -276,15 +273,15 @@ def _records(d: dict[str, Any]) -> Data:
         raise ConfigError(str(e)) from None
     if d["decode"] is not None:
         decode = user_function(d["decode"], "data.decode")
-    elif train.meta.get("source") == "arrays":
-        decode = None
     else:
+        decode = default_decoder(train.meta)
+    if decode is None:
         raise ConfigError(f"data.decode: the records at {d['path']} are your own "
                           f"({train.meta.get('source')}); name your function that decodes one "
                           "(module.path:function, record -> (x, y))")
     first = train.read([0])[0]
     try:
-        x, y = (decode or decode_example(train.meta))(tf.constant(first))
+        x, y = decode(tf.constant(first))
         shape = tuple(int(n) for n in x.shape)
     except Exception as e:  # noqa: BLE001 (any failure of the user's function is said)
         file, number = train.locate(0)

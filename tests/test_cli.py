@@ -618,6 +618,35 @@ def test_a_python_program_with_tfdist_quiet_prints_nothing_on_stderr(tmp_path):
     assert out.stderr == ""
 
 
+def test_tfdist_quiet_after_tensorflow_says_it_comes_too_late(tmp_path):
+    """TFDIST_QUIET=1 with keras (so TensorFlow) imported before tfdist cannot hide the lines
+    TensorFlow printed while it loaded: one line says so and what to do."""
+    env = {**_user_env(), "TFDIST_QUIET": "1"}
+    out = subprocess.run([sys.executable, "-c", "import keras\nimport tfdist"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[tfdist] TFDIST_QUIET=1 came after TensorFlow was imported (by keras or your " \
+        "program)" in out.stderr
+    assert "import tfdist before keras and tensorflow" in out.stderr
+
+
+def test_the_horovod_engine_where_horovod_is_not_built_says_so_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    from tfdist.tools.cli import main
+
+    monkeypatch.setitem(sys.modules, "horovod", None)  # an import of it fails, as unbuilt
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+    code = main(["train", "--set", f"train.output_dir={tmp_path}", "--set",
+                 "engine.name=horovod", "--set", "train.epochs=1", "--set", "train.verbose=0"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        "tfdist train: engine.name is 'horovod': The Horovod engine needs Horovod built against "
+        "this TensorFlow. Run `launch/build_horovod.sh` (see BUILD.md), or use the "
+        "tf.distribute engine."), err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
 IMPORT_PROBE = """
 import json, os, sys
 import keras, tensorflow  # their own import-time settings are theirs

@@ -113,6 +113,11 @@ def __getattr__(name: str):
 
 if not _deferred:
     if _os.environ.get(_logs.QUIET_ENV) == "1":  # a Python program asking for quiet
+        if "tensorflow" in _sys.modules:  # loaded, and said what it says while loading
+            print(f"[tfdist] {_logs.QUIET_ENV}=1 came after TensorFlow was imported (by keras "
+                  "or your program), so its start-up lines are printed already: import tfdist "
+                  "before keras and tensorflow",
+                  file=_sys.stderr, flush=True)
         _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         with _logs.silenced_stderr():
             _import_library()

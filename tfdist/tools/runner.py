@@ -35,7 +35,7 @@ def start_job(config: dict[str, Any]) -> JobEngine:
     name = config["engine"]["name"]
     try:
         return ENGINES.lookup(name)().start(config)
-    except ValueError as e:
+    except (ValueError, ImportError) as e:  # ImportError: Horovod not built here, say
         raise ConfigError(f"engine.name is {name!r}: {e}") from None
 
 

@@ -618,6 +618,34 @@ def test_a_python_program_with_tfdist_quiet_prints_nothing_on_stderr(tmp_path):
     assert out.stderr == ""
 
 
+@pytest.mark.multiprocess
+def test_a_worker_that_never_joins_stops_the_start_within_the_timeout_in_one_line(tmp_path):
+    """2 TF_CONFIG workers of which only one ever starts (its peer's host down, unreachable):
+    worker 0 stops after engine.timeout_seconds naming worker 1, and worker 1 alone stops
+    saying it could not join; one line each, no traceback, nothing trained."""
+    from tfdist.tools.launch import held_ports, release_ports, tf_config
+
+    ports = held_ports(4)  # each alone in a cluster of its own, its peer's port not served
+    try:
+        alone = [subprocess.Popen(
+            [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set",
+             "engine.timeout_seconds=5", "--set", f"train.output_dir={tmp_path / str(i)}"],
+            cwd=ROOT, env={**worker_env(), "TF_CONFIG": tf_config(i, ports[2 * i:2 * i + 2])},
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (0, 1)]
+        done = [p.communicate(timeout=120) for p in alone]
+    finally:
+        release_ports()
+    said = {
+        0: "tfdist train: worker 1 did not join the job within engine.timeout_seconds (5 s): "
+           "stopped before training.",
+        1: "tfdist train: could not join the job led by worker 0 within "
+           "engine.timeout_seconds (5 s): stopped before training."}
+    for i, (p, (out, err)) in enumerate(zip(alone, done, strict=True)):
+        assert p.returncode == 1, err[-3000:]
+        assert said[i] in err and "Traceback" not in err, err[-3000:]
+        assert "Epoch 1/" not in out
+
+
 def test_tfdist_quiet_after_tensorflow_says_it_comes_too_late(tmp_path):
     """TFDIST_QUIET=1 with keras (so TensorFlow) imported before tfdist cannot hide the lines
     TensorFlow printed while it loaded: one line says so and what to do."""

@@ -258,3 +258,40 @@ def test_a_link_down_for_20_s_restarts_the_job_from_its_backup_to_the_same_weigh
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"]
     for a, b in zip(reference, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_a_link_down_for_good_stops_the_job_within_its_timeout_naming_the_worker(hosts):
+    """2 workers on 2 remote hosts, `--max-restarts 1`, engine.heartbeat_seconds and
+    engine.timeout_seconds 30: worker 1's link goes down in epoch 2 and stays down. The job
+    is restarted once; the restart cannot gather the workers and stops after the timeout, worker
+    0 naming worker 1 in one line, with no traceback; nothing hangs."""
+    cluster, shared = hosts
+    out = shared / "cut"
+    command = launcher_command(out, "dense", "--hosts", ",".join(cluster.addresses[:2]),
+                               "--ssh", SSH, "--max-restarts", "1",
+                               extra=("--set", "train.checkpoint_steps=4",
+                                      "--set", "model.options={pause: 0.3}",
+                                      "--set", "engine.heartbeat_seconds=30",
+                                      "--set", "engine.timeout_seconds=30"))
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    link = ["ip", "-n", cluster.bridge_namespace, "link", "set", "port1"]
+    try:
+        _signal_after(launcher, line="Epoch 2/6", pids=list)
+        subprocess.run([*link, "down"], check=True)
+        cut = time.monotonic()
+        rest, err = launcher.communicate(timeout=300)
+        seconds = time.monotonic() - cut
+    finally:
+        subprocess.run([*link, "up"], check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 1, err[-3000:]
+    # Found lost within the heartbeat, restarted, stopped after the timeout (plus start-ups).
+    assert seconds < 30 + 30 + 60, seconds
+    restarts = [line for line in err.splitlines() if "restarting every worker" in line]
+    assert len(restarts) == 1 and "(restart 1 of 1)" in restarts[0], err[-3000:]
+    said = rest + err
+    assert "[worker 0] tfdist train: worker 1 did not join the job within " \
+        "engine.timeout_seconds (30 s): stopped before training." in said, said[-3000:]
+    assert "Traceback" not in said

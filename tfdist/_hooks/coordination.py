@@ -41,11 +41,12 @@ def available() -> bool:
     return bool(_context().coordination_service)
 
 
-def configure(cluster_spec, task_type: str, heartbeat_ms: int) -> bool:
+def configure(cluster_spec, task_type: str, heartbeat_ms: int, register_ms: int = 0) -> bool:
     """Configures the coordination service as `MultiWorkerMirroredStrategy` would (its chief and
     worker jobs, led by their first task), with `heartbeat_ms`: how long a task may be silent
-    before the service declares it unhealthy and ends the job. Call it before the strategy is
-    made. Returns False where a service is configured already (and leaves it)."""
+    before the service declares it unhealthy and ends the job, and `register_ms`: how long the
+    job's start waits for every task to join (0: the system's, an hour). Call it before the
+    strategy is made. Returns False where a service is configured already (and leaves it)."""
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.distribute import multi_worker_util
 
@@ -57,7 +58,10 @@ def configure(cluster_spec, task_type: str, heartbeat_ms: int) -> bool:
     context.configure_coordination_service(
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_ms))
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_ms),
+        cluster_register_timeout_in_ms=int(register_ms))
+    if register_ms:  # every task must join within it, else each one's start fails
+        context.coordination_service.cluster_register_with_barrier = True
     return True
 
 

@@ -31,7 +31,9 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         cluster_resolver: Optional cluster resolver; defaults to reading `TF_CONFIG`.
         communication_options: Optional `tf.distribute.experimental.CommunicationOptions`.
         timeout_seconds: If set (and `communication_options` is not), every collective fails
-            after this many seconds instead of waiting forever for a worker that died.
+            after this many seconds instead of waiting forever for a worker that died; with
+            `heartbeat_seconds`, the job's start too waits this long at most for every worker
+            to join (else TensorFlow's hour).
         step_logs: "averaged" (Keras' way, the default): each step's logs (loss, metrics) are
             averaged over the workers, one collective per value at every step. "local": each
             worker's step logs are its own, with no collective, so steps that exchange nothing
@@ -77,7 +79,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             resolver = cluster_resolver or \
                 tf.distribute.cluster_resolver.TFConfigClusterResolver()
             configure(resolver.cluster_spec(), resolver.task_type,
-                      int(heartbeat_seconds * 1000))
+                      int(heartbeat_seconds * 1000), int((timeout_seconds or 0) * 1000))
         if step_logs == "local":
             keep_step_logs_local()
         if timeout_seconds is not None and timeout_seconds <= 0:

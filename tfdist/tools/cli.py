@@ -315,7 +315,8 @@ def cmd_train(args) -> int:
         print(f"tfdist train: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (the stops below are said in a line)
-        stop = _non_finite_stop(e) or _out_of_memory_stop(e) or _lost_peer_stop(e, config)
+        stop = (_non_finite_stop(e) or _out_of_memory_stop(e) or _not_joined_stop(e, config)
+                or _lost_peer_stop(e, config))
         if stop is None or args.verbose:
             raise
         print(f"tfdist train: {stop}", file=sys.stderr)
@@ -365,6 +366,28 @@ def _out_of_memory_stop(error: Exception) -> str | None:
 PEER_LOST = ("Collective ops is aborted", "Socket closed", "Connection reset by peer",
              "stopped sending heartbeats", "failed to connect", "Connection refused",
              "unhealthy", "Broken pipe", "failed to answer")
+
+
+def _not_joined_stop(error: Exception, config: dict) -> str | None:
+    """One line for a multi-worker job whose start timed out waiting for a worker to join
+    (its host down or unreachable): which, after how long, what to check; else None."""
+    import re
+
+    text = str(error)
+    timeout = config["engine"]["timeout_seconds"]
+    fix = ("Check that every host is up and reaches worker 0's address in TF_CONFIG (a "
+           "firewall, a link down), or raise engine.timeout_seconds for slow starts. -v shows "
+           "TensorFlow's traceback.")
+    if "Wait_for_all_tasks_to_register" in text:  # worker 0, which leads the job's start
+        listed = text.split("timed out task names:", 1)[-1].split("Additional", 1)[0]
+        missing = re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", listed)
+        who = ", ".join(f"{job} {task}" for job, task in dict.fromkeys(missing)) or "a worker"
+        return (f"{who} did not join the job within engine.timeout_seconds ({timeout:g} s): "
+                f"stopped before training. {fix}")
+    if "CoordinationService/RegisterTask" in text:  # another worker, which could not join
+        return (f"could not join the job led by worker 0 within engine.timeout_seconds "
+                f"({timeout:g} s): stopped before training. {fix}")
+    return None
 
 
 def _lost_peer_stop(error: Exception, config: dict) -> str | None:

@@ -8,8 +8,9 @@ with no public API. Used by `tfdist.comm.kv.CoordinationStore` (the watchdog's h
 `configure` sets the service up before the strategy does (TensorFlow 2.21's
 `MultiWorkerMirroredStrategy` configures it only where nothing did, with the system's heartbeat
 timeout: a peer silent for about 6 s ends the job, so a network blink of a few seconds kills
-it).
-Covered by tests/test_hooks.py.
+it), and the time a start waits for every task to join (TensorFlow's: an hour).
+Covered by tests/test_hooks.py (heartbeat, store) and tests/test_cli.py (a worker that never
+joins ends the start after `register_ms`).
 """
 
 from __future__ import annotations

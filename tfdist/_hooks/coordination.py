@@ -8,7 +8,8 @@ with no public API. Used by `tfdist.comm.kv.CoordinationStore` (the watchdog's h
 `configure` sets the service up before the strategy does (TensorFlow 2.21's
 `MultiWorkerMirroredStrategy` configures it only where nothing did, with the system's heartbeat
 timeout: a peer silent for about 6 s ends the job, so a network blink of a few seconds kills
-it), and the time a start waits for every task to join (TensorFlow's: an hour).
+it), and the time a start waits for every task to join (without one, a start waited for a
+missing task for over 10 minutes here).
 Covered by tests/test_hooks.py (heartbeat, store) and tests/test_cli.py (a worker that never
 joins ends the start after `register_ms`).
 """
@@ -46,7 +47,7 @@ def configure(cluster_spec, task_type: str, heartbeat_ms: int, register_ms: int 
     """Configures the coordination service as `MultiWorkerMirroredStrategy` would (its chief and
     worker jobs, led by their first task), with `heartbeat_ms`: how long a task may be silent
     before the service declares it unhealthy and ends the job, and `register_ms`: how long the
-    job's start waits for every task to join (0: the system's, an hour). Call it before the
+    job's start waits for every task to join (0: TensorFlow's, far longer). Call it before the
     strategy is made. Returns False where a service is configured already (and leaves it)."""
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.distribute import multi_worker_util

@@ -33,7 +33,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         timeout_seconds: If set (and `communication_options` is not), every collective fails
             after this many seconds instead of waiting forever for a worker that died; with
             `heartbeat_seconds`, the job's start too waits this long at most for every worker
-            to join (else TensorFlow's hour).
+            to join (else TensorFlow waits far longer: over 10 minutes measured).
         step_logs: "averaged" (Keras' way, the default): each step's logs (loss, metrics) are
             averaged over the workers, one collective per value at every step. "local": each
             worker's step logs are its own, with no collective, so steps that exchange nothing

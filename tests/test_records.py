@@ -5,6 +5,8 @@ cut short or decodes wrong said in one line naming the file and the record."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import re
 
 import keras
@@ -558,3 +560,59 @@ def test_a_folder_of_images_converts_and_trains(tmp_path, capsys):
         assert main(["data", "convert", "--from", "images", *args, "--out",
                      str(tmp_path / "c")]) == 2
         assert said in capsys.readouterr().err
+
+
+MEMORY_CGROUP = "/sys/fs/cgroup/memory"
+
+
+@pytest.mark.skipif(not os.access(MEMORY_CGROUP, os.W_OK),
+                    reason="needs the cgroup v1 memory controller (a cap on a process tree)")
+def test_a_record_set_three_times_the_memory_cap_trains_to_the_same_losses(tmp_path):
+    """3.2 GB of records (264,000 x 3,072 float32), one epoch of an MLP, in a cgroup capped at
+    1 GiB of memory, the page cache included (TensorFlow alone takes about 700 MB): the run ends
+    as the uncapped run does, the same test and training loss bit for bit; nothing holds the
+    training set in memory."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+    from tfdist.data.records import _example, write_records
+
+    def examples(count, seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(count // 1000):
+            x = rng.standard_normal((1000, 3072), dtype=np.float32)
+            y = (x[:, 0] > 0).astype(np.int32)
+            yield from (_example(x[i], y[i]) for i in range(1000))
+
+    records = tmp_path / "big"
+    write_records(records, {"train": examples(264_000, 1), "test": examples(2000, 2)},
+                  {"source": "arrays", "x": {"dtype": "float32", "shape": [3072]},
+                   "y": {"dtype": "int32", "shape": []}, "num_classes": 2})
+    assert sum(f.stat().st_size for f in records.glob("train-*")) > 3 * 2**30
+    cgroup = f"{MEMORY_CGROUP}/tfdist-test-{os.getpid()}"
+    os.makedirs(cgroup)
+    try:
+        with open(f"{cgroup}/memory.limit_in_bytes", "w") as f:
+            f.write(str(2**30))
+        runs = {}
+        for name, prefix in (("free", []), ("capped", [
+                "sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"])):
+            done = subprocess.run(
+                [*prefix, sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+                 "data.name=records", "--set", f"data.path={records}", "--set",
+                 "model.name=mlp", "--set", "data.global_batch_size=256", "--set",
+                 "train.epochs=1", "--set", "engine.name=single", "--set",
+                 f"train.output_dir={tmp_path / name}", "--set", "train.run_name=run", "--set",
+                 "train.verbose=0", "--set", "train.save_model=false"],
+                cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (name, done.stderr[-3000:])
+            runs[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        with open(f"{cgroup}/memory.max_usage_in_bytes") as f:
+            assert int(f.read()) <= 2**30  # the cap held, the page cache included
+    finally:
+        os.rmdir(cgroup)
+        shutil.rmtree(records)  # 3.2 GB: not kept with pytest's last runs
+    for key in ("test_loss", "final_train_loss"):
+        assert runs["capped"][key] == runs["free"][key], key

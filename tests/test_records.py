@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import re
+import shutil
 
 import keras
 import numpy as np

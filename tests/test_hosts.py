@@ -221,6 +221,26 @@ def test_a_resize_policy_moves_the_job_and_says_why(tmp_path, elastic_reference)
     assert summary["world_size"] in (2, 3)
 
 
+def _cut_in_epoch_2(cluster, out, *extra) -> tuple[subprocess.Popen, list[str]]:
+    """The dense job on 2 remote hosts, a backup every 4 steps, `--max-restarts 1`, with
+    worker 1's link taken down once epoch 2 begins: (the launcher, the `ip link set` command
+    of that link, to bring it up with "up")."""
+    command = launcher_command(out, "dense", "--hosts", ",".join(cluster.addresses[:2]),
+                               "--ssh", SSH, "--max-restarts", "1",
+                               extra=("--set", "train.checkpoint_steps=4",
+                                      "--set", "model.options={pause: 0.3}", *extra))
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    link = ["ip", "-n", cluster.bridge_namespace, "link", "set", "port1"]
+    try:
+        _signal_after(launcher, line="Epoch 2/6", pids=list)
+        subprocess.run([*link, "down"], check=True)
+    except BaseException:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        raise
+    return launcher, link
+
+
 def test_a_link_down_for_20_s_restarts_the_job_from_its_backup_to_the_same_weights(
         hosts, uninterrupted):
     """2 workers on 2 remote hosts, a backup every 4 steps, `--max-restarts 1`: worker 1's link
@@ -230,16 +250,8 @@ def test_a_link_down_for_20_s_restarts_the_job_from_its_backup_to_the_same_weigh
     newest backup and ends, exit 0, on the weights of the job never stopped (rtol 1e-6)."""
     cluster, shared = hosts
     out = shared / "blink"
-    command = launcher_command(out, "dense", "--hosts", ",".join(cluster.addresses[:2]),
-                               "--ssh", SSH, "--max-restarts", "1",
-                               extra=("--set", "train.checkpoint_steps=4",
-                                      "--set", "model.options={pause: 0.3}"))
-    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    link = ["ip", "-n", cluster.bridge_namespace, "link", "set", "port1"]
+    launcher, link = _cut_in_epoch_2(cluster, out)
     try:
-        _signal_after(launcher, line="Epoch 2/6", pids=list)
-        subprocess.run([*link, "down"], check=True)
         time.sleep(20)
         subprocess.run([*link, "up"], check=True)
         rest, err = launcher.communicate(timeout=400)
@@ -266,19 +278,10 @@ def test_a_link_down_for_good_stops_the_job_within_its_timeout_naming_the_worker
     is restarted once; the restart cannot gather the workers and stops after the timeout, worker
     0 naming worker 1 in one line, with no traceback; nothing hangs."""
     cluster, shared = hosts
-    out = shared / "cut"
-    command = launcher_command(out, "dense", "--hosts", ",".join(cluster.addresses[:2]),
-                               "--ssh", SSH, "--max-restarts", "1",
-                               extra=("--set", "train.checkpoint_steps=4",
-                                      "--set", "model.options={pause: 0.3}",
-                                      "--set", "engine.heartbeat_seconds=30",
-                                      "--set", "engine.timeout_seconds=30"))
-    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    link = ["ip", "-n", cluster.bridge_namespace, "link", "set", "port1"]
+    launcher, link = _cut_in_epoch_2(cluster, shared / "cut", "--set",
+                                     "engine.heartbeat_seconds=30", "--set",
+                                     "engine.timeout_seconds=30")
     try:
-        _signal_after(launcher, line="Epoch 2/6", pids=list)
-        subprocess.run([*link, "down"], check=True)
         cut = time.monotonic()
         rest, err = launcher.communicate(timeout=300)
         seconds = time.monotonic() - cut

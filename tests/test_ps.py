@@ -808,21 +808,25 @@ def call(method, args, specs, token):
     return "ok" if status.is_ok() else "refused"
 w = tf.constant(0, tf.int64)
 grad = [tf.ones([4], tf.float32)]
-for name, token in (("none", "no-token"), ("forged", sign(b"not-the-job-secret-0123", "push", 0)),
-                    ("right", sign(secret, "push", 0))):
-    print(name, call("push", [w, w, tf.constant(1.0), *grad], scalar, token), flush=True)
+for name, token in (("none", "no-token"),
+                    ("forged", sign(b"not-the-job-secret-0123", "push", 0, server="ps-0")),
+                    ("other server's", sign(secret, "push", 0, server="ps-1")),
+                    ("right", sign(secret, "push", 0, server="ps-0"))):
+    print(name.replace(" ", "-"), call("push", [w, w, tf.constant(1.0), *grad], scalar, token),
+          flush=True)
     if replay and name == "right":
         print("replayed", call("push", [w, w, tf.constant(1.0), *grad], scalar, token), flush=True)
 print("finish", call("finish", [w], scalar, "no-token"), flush=True)
-print("release", call("release", [], scalar, sign(b"not-the-job-secret-0123", "release", -1)),
-      flush=True)
+print("release", call("release", [], scalar,
+                     sign(b"not-the-job-secret-0123", "release", -1, server="ps-0")), flush=True)
 """
 
 
 def test_a_call_without_the_jobs_secret_is_refused_and_changes_nothing():
-    """A parameter server bound to 127.0.0.1: a push with no token, a forged token, a replayed
-    token, a finish and a release without proof are refused (the weights, version, pushes,
-    finished workers and the release flag unchanged); the push with the right token is taken."""
+    """A parameter server bound to 127.0.0.1: a push with no token, a forged token, a token
+    made for another server, a replayed token, a finish and a release without proof are
+    refused (the weights, version, pushes, finished workers and the release flag unchanged);
+    the push with the right token is taken."""
     variable = keras.Variable(np.zeros(4, np.float32))
     server = ParameterServer([variable], keras.optimizers.SGD(1.0), 1, staleness=None)
     (port,) = free_ports(1)
@@ -831,13 +835,14 @@ def test_a_call_without_the_jobs_secret_is_refused_and_changes_nothing():
                             capture_output=True, text=True, cwd=ROOT, env=worker_env(),
                             timeout=120)
     answers = dict(line.split() for line in caller.stdout.splitlines())
-    assert answers == {"none": "refused", "forged": "refused", "right": "ok",
-                       "replayed": "refused", "finish": "refused", "release": "refused"}, \
+    assert answers == {"none": "refused", "forged": "refused", "other-server's": "refused",
+                       "right": "ok", "replayed": "refused", "finish": "refused",
+                       "release": "refused"}, \
         caller.stderr[-2000:]
     assert server.version == server.pushes == 1  # the one authentic push
     np.testing.assert_allclose(server.values()[0], -np.ones(4))
     assert not server._finished and not server._released
-    assert server.verifier.refused == 5
+    assert server.verifier.refused == 6
 
 
 def test_the_secret_is_required_read_safely_and_checked_in_constant_form(tmp_path):
@@ -856,12 +861,14 @@ def test_the_secret_is_required_read_safely_and_checked_in_constant_form(tmp_pat
         job_secret({SECRET_FILE_ENV: str(path)})
     path.chmod(0o600)
     assert job_secret({SECRET_FILE_ENV: str(path)}) == SECRET.encode()
-    verifier = Verifier(SECRET.encode())
-    token = sign(SECRET.encode(), "pull", 3)
+    verifier = Verifier(SECRET.encode(), server="ps-0")
+    token = sign(SECRET.encode(), "pull", 3, server="ps-0")
+    assert not Verifier(SECRET.encode(), server="ps-1").check(token, "pull", 3)  # another's
     assert not verifier.check(token, "pull", 2)  # another worker's
     assert not verifier.check(token, "push", 3)  # another method's
     assert verifier.check(token, "pull", 3) and not verifier.check(token, "pull", 3)
-    stale = sign(SECRET.encode(), "pull", 3).replace(str(int(time.time())), "1000000000", 1)
+    stale = sign(SECRET.encode(), "pull", 3, server="ps-0").replace(str(int(time.time())),
+                                                                   "1000000000", 1)
     assert not verifier.check(stale, "pull", 3)
 
 

@@ -2,7 +2,8 @@
 
 Every task of a job shares one secret: a random key that the launcher makes (or the user sets).
 A message to a tfdist endpoint (a parameter server's RPCs) carries a token: a fresh nonce and an
-HMAC-SHA256 of (method, worker, nonce) under the secret. The endpoint recomputes the HMAC and
+HMAC-SHA256 of (the server it is for, method, worker, nonce) under the secret, so a token made
+for one server is refused by every other. The endpoint recomputes the HMAC and
 compares in constant time, refuses a nonce it has seen (a replay) or one older than `WINDOW`
 seconds, and a refused message changes nothing. The secret itself never travels.
 
@@ -83,23 +84,26 @@ def require_secret(secret: bytes | str | None, who: str) -> bytes:
     return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
-def _mac(secret: bytes, method: str, worker: int, nonce: str) -> str:
-    message = f"tfdist/1|{method}|{worker}|{nonce}".encode()
+def _mac(secret: bytes, server: str, method: str, worker: int, nonce: str) -> str:
+    message = f"tfdist/2|{server}|{method}|{worker}|{nonce}".encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def sign(secret: bytes, method: str, worker: int) -> str:
-    """A token proving the secret for one message (`method` from `worker`; -1: none)."""
+def sign(secret: bytes, method: str, worker: int, *, server: str) -> str:
+    """A token proving the secret for one message to `server` (its name, e.g. "ps-0"):
+    `method` from `worker` (-1: none)."""
     nonce = f"{time.time():.6f}-{secrets.token_hex(12)}"
-    return f"{nonce}:{_mac(secret, method, worker, nonce)}"
+    return f"{nonce}:{_mac(secret, server, method, worker, nonce)}"
 
 
 class Verifier:
-    """Checks tokens against the job's secret; remembers the nonces of the last `window`
-    seconds (by the second they were made), so a token is taken once."""
+    """Checks the tokens sent to `server` (its name, as the callers sign for it) against the
+    job's secret; remembers the nonces of the last `window` seconds (by the second they were
+    made), so a token is taken once."""
 
-    def __init__(self, secret: bytes, window: float = WINDOW):
+    def __init__(self, secret: bytes, *, server: str, window: float = WINDOW):
         self._secret = secret
+        self.server = server
         self.window = window
         self._seen: dict[int, set[str]] = {}  # second of the token's stamp -> its nonces
         self._lock = threading.Lock()
@@ -114,7 +118,7 @@ class Verifier:
             stamp = float(nonce.partition("-")[0])
         except ValueError:
             stamp = float("nan")
-        ok = hmac.compare_digest(mac.encode(), _mac(self._secret, method, worker,
+        ok = hmac.compare_digest(mac.encode(), _mac(self._secret, self.server, method, worker,
                                                     nonce).encode())
         now = time.time()
         with self._lock:

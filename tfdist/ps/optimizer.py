@@ -26,7 +26,7 @@ from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers.parts import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
 from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
-from tfdist.ps.server import STATS_LEN, staleness_report
+from tfdist.ps.server import STATS_LEN, server_name, staleness_report
 from tfdist.security import require_secret, sign
 
 SERVER_GONE = "failed to answer"  # in the error of a call its server did not answer
@@ -210,7 +210,8 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
     # -- the RPCs --------------------------------------------------------------------------------
     def _call(self, p: int, method: str, args: list, specs):
         secret, worker = self._secret, self.worker if args else -1
-        token = tf.py_function(lambda: sign(secret, method, worker), [], tf.string)
+        token = tf.py_function(lambda: sign(secret, method, worker, server=server_name(p)), [],
+                               tf.string)
         token.set_shape([])
         status = self._clients[p].call(method, [token, *args], output_specs=specs,
                                        timeout_in_ms=int(1000 * self.call_timeout))

@@ -70,6 +70,12 @@ STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finishe
 RELEASE_GRACE_SECONDS = 30.0  # how long the server waits for the chief's last pull
 
 
+def server_name(index: int) -> str:
+    """What a token names parameter server `index` by (`tfdist.security.sign`): a token
+    made for one server is refused by the others."""
+    return f"ps-{index}"
+
+
 def check_staleness(staleness) -> int | None:
     if staleness is None:
         return None
@@ -384,7 +390,8 @@ class ParameterServer:
         """Starts serving at `address` ("host:port", the address bound) on TensorFlow's gRPC
         RPC server. Every call must carry a token proving `secret` (`tfdist.security`): one
         that does not is refused before it reaches the server's state."""
-        verifier = Verifier(require_secret(secret, f"Parameter server {self.index}"))
+        verifier = Verifier(require_secret(secret, f"Parameter server {self.index}"),
+                            server=server_name(self.index))
         server = tf.distribute.experimental.rpc.Server.create("grpc", address)
         scalar = tf.TensorSpec([], tf.int64)
         worker = [scalar]

@@ -48,6 +48,20 @@ def _launch(cluster, hostfile, out, *extra, min_workers="2"):
             "--set", f"train.output_dir={out}", *extra]
 
 
+def _left_on(cluster) -> list[str]:
+    """The command lines of the processes still running on the emulated hosts, other than
+    those that hold the hosts' namespaces."""
+    left = []
+    for ns in cluster.namespaces:
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().decode(errors="replace").split("\0")
+                if words[:2] != ["sleep", "2147483647"] and "unshare" not in words[0]:
+                    left.append(f"{ns}: {' '.join(words)}")
+    return left
+
+
 def _signal_after(launcher, *, line: str, pids) -> float:
     """Reads the launcher's output until `line`, then SIGTERMs `pids()`: when it was sent."""
     deadline = time.monotonic() + 300
@@ -162,11 +176,12 @@ def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(host
     try:
         wait_for_backup(launcher, out / "backup" / "process-1" / "step-8" / "meta.json")
         os.kill(_pid_of_worker(str(out), 1), signal.SIGKILL)
-        _, err = launcher.communicate(timeout=500)
+        out_text, err = launcher.communicate(timeout=500)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
-    assert launcher.returncode == 0, err[-4000:]
+    assert launcher.returncode == 0, out_text[-6000:] + err[-4000:]
+    assert _left_on(cluster) == []  # every worker of both rounds, stopped or not, has gone
     assert "[launch] worker 1 exited with 137" in err  # its remote shell's status for SIGKILL
     assert "[launch] elastic: 1 worker(s) lost; restarting on 2 workers" in err
     assert "the job grows from 2 to 3 workers at its next backup" in err
@@ -187,7 +202,7 @@ def test_an_elastic_job_whose_output_dir_is_not_shared_is_refused_before_trainin
     cluster, shared = hosts
     done = subprocess.run(_launch(cluster, shared / "hosts-c.txt", "/tmp/private-run"),
                           cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.returncode == 2, done.stdout[-6000:] + done.stderr[-3000:]
     assert ("BackupAndRestore(elastic=True) needs a directory every process of the job sees, "
             "and /tmp/private-run/backup is not shared") in done.stdout + done.stderr
     assert "Put it on storage every host mounts at the same path" in done.stdout + done.stderr

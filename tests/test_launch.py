@@ -1,11 +1,15 @@
 import json
 import os
 import re
+import shlex
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.conftest import ROOT, worker_env
 from tfdist.tools.launch import (
     free_ports,
     horovodrun_command,
@@ -67,6 +71,37 @@ def test_timeout_kills_the_whole_process_group():
     (result,) = run_processes([([sys.executable, "-c", code], {})], timeout=2)
     assert time.monotonic() - start < 20
     assert result.returncode is None and "started" in result.output
+
+
+def test_a_worker_behind_a_shell_that_takes_sigterm_as_a_notice_is_stopped_too(tmp_path):
+    """ssh runs a remote command under a shell: SIGTERM ends the shell at once while the worker
+    (whose handler takes it as a preemption notice) lives on. The launcher stops it all the same,
+    so it cannot hold its port against the next start."""
+    pid_file = tmp_path / "worker.pid"
+    worker = (f"import os, signal, time; signal.signal(signal.SIGTERM, lambda *_: None); "
+              f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+    shell = f"{sys.executable} -c {shlex.quote(worker)}; exit $?"
+    (result,) = run_processes([(["sh", "-c", shell], {})], timeout=3)
+    assert result.returncode is None  # stopped by the launcher
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_remote_worker_whose_launcher_is_gone_hangs_up():
+    """A worker reached over ssh reads its notices on standard input; when that closes (the
+    launcher or its ssh session is gone), it ends by SIGHUP, as under a real ssh session."""
+    code = ("import time; from tfdist.callbacks.channel import launcher_channel; "
+            "launcher_channel().listen(); print('listening', flush=True); time.sleep(120)")
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                              env={**worker_env(), "TFDIST_NOTICES": "stdin"},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "listening"
+        worker.stdin.close()
+        assert worker.wait(timeout=30) == -signal.SIGHUP
+    finally:
+        worker.kill()
 
 
 def test_one_failure_stops_the_others_and_sets_the_exit_code(capsys):

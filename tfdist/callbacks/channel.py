@@ -4,7 +4,8 @@ launcher has, on one machine or over ssh, never a file (the hosts need not share
 - In the environment: TFDIST_ELASTIC, TFDIST_ELASTIC_MIN_WORKERS, TFDIST_ELASTIC_MAX_WORKERS and
   TFDIST_ELASTIC_MEASURED (an elastic job's sizes and the throughput measured so far), and
   TFDIST_NOTICES=stdin (a process the launcher reaches over ssh, where a signal to the local ssh
-  client would not reach it).
+  client would not reach it). The end of standard input then means the launcher is gone: the
+  process gets SIGHUP, as a command does whose ssh session closes.
 - On standard input, one JSON object a line: `{"offer": n}` (the elastic launcher offers n
   workers; read by the chief) and `{"notice": "SIGTERM"}` (a preemption notice the launcher
   received, passed on: raised here as that signal, so the process's handler backs it up as if
@@ -71,6 +72,8 @@ class LauncherChannel:
                     continue
                 with self._lock:
                     self._offer = max(self._offer, offer)
+        if self.notices:  # the launcher's link closed: a hang-up, as ssh gives its command
+            signal.raise_signal(signal.SIGHUP)
 
     def offer(self) -> int:
         """The most workers the launcher has offered so far (0: none)."""

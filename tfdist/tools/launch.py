@@ -190,15 +190,29 @@ def _pump(proc: subprocess.Popen, rank: int, sink: list[str], echo: bool,
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+    """Stops the process and everything in its group: SIGTERM, then SIGKILL to what is left
+    after 5 s. The whole group, not only its leader: a shell that started the worker (ssh's
+    remote command) dies at once on SIGTERM, while the worker takes the signal as a preemption
+    notice and would live on, holding its port."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None and not _group_alive(proc.pid):
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+            time.sleep(0.05)
+    proc.wait()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption notices, passed to workers
@@ -596,8 +610,6 @@ def run_tf_workers(argv: list[str], num_workers: int, timeout: float,
         raise ValueError(f"`num_workers` must be >= 1. Received: num_workers={num_workers}")
     return run_processes(host_commands(argv, [("127.0.0.1", num_workers)], env=env), timeout,
                          echo=echo)
-
-
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:

@@ -26,7 +26,7 @@ from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers.parts import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
 from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
-from tfdist.ps.server import STATS_LEN, server_name, staleness_report
+from tfdist.ps.server import REQUEST, STATS_LEN, server_name, staleness_report
 from tfdist.security import require_secret, sign
 
 SERVER_GONE = "failed to answer"  # in the error of a call its server did not answer
@@ -209,22 +209,35 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
 
     # -- the RPCs --------------------------------------------------------------------------------
     def _call(self, p: int, method: str, args: list, specs):
+        """`method` of server `p` (`tfdist.ps.server.REQUEST`): its results, shaped as `specs`
+        (one spec or a list). Fails the step with the server's one-line reason when it does
+        not answer or refuses."""
         secret, worker = self._secret, self.worker if args else -1
         token = tf.py_function(lambda: sign(secret, method, worker, server=server_name(p)), [],
                                tf.string)
         token.set_shape([])
-        status = self._clients[p].call(method, [token, *args], output_specs=specs,
-                                       timeout_in_ms=int(1000 * self.call_timeout))
-        ok = status.is_ok()
+        arguments = (tf.stack([tf.io.serialize_tensor(a) for a in args]) if args else
+                     tf.constant([], tf.string))
+        status = self._clients[p].call(
+            REQUEST, [token, tf.constant(method), tf.constant(worker, tf.int64), arguments],
+            output_specs=tf.TensorSpec([None], tf.string),
+            timeout_in_ms=int(1000 * self.call_timeout))
         _, message = status.get_error()
-        check = tf.debugging.Assert(ok, [
+        answered = tf.debugging.Assert(status.is_ok(), [
             f"tfdist: parameter server {p} at {self.cluster.ps[p]} {SERVER_GONE} "
             f"{method} (it stopped or hangs; with checkpoints, run the job again to resume):",
             message])
         self._count("calls", 1)
-        with tf.control_dependencies([check]):
-            return tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
-                                         status.get_value(), specs)
+        with tf.control_dependencies([answered]):
+            answer = tf.identity(status.get_value())
+        taken = tf.debugging.Assert(tf.equal(answer[0], ""), [
+            f"tfdist: parameter server {p} at {self.cluster.ps[p]} did not take {method}:",
+            answer[0]])
+        listed = specs if isinstance(specs, list) else [specs]
+        with tf.control_dependencies([taken]):
+            results = [tf.ensure_shape(tf.io.parse_tensor(answer[i + 1], spec.dtype), spec.shape)
+                       for i, spec in enumerate(listed)]
+        return results if isinstance(specs, list) else results[0]
 
     def _wait_for_all_workers(self) -> None:
         """Returns once every worker has joined (or is lost): training starts together."""

@@ -66,6 +66,10 @@ BUCKETS = 64  # staleness histogram: 0 .. 62, and 63 or more
 # finished without it (the worker then exits 0: tfdist.tools.runner).
 JOB_OVER = "tfdist: the job is over"
 LINGER_SECONDS = 15.0  # how long servers wait for lost workers to come back and hear it
+# The one RPC method a server registers: (token, method name, worker, arguments) -> answer.
+REQUEST = "tfdist_ps"
+REQUEST_SIGNATURE = [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string),
+                     tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)]
 STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
 RELEASE_GRACE_SECONDS = 30.0  # how long the server waits for the chief's last pull
 
@@ -389,48 +393,73 @@ class ParameterServer:
     def start(self, address: str, secret: bytes | str | None) -> None:
         """Starts serving at `address` ("host:port", the address bound) on TensorFlow's gRPC
         RPC server. Every call must carry a token proving `secret` (`tfdist.security`): one
-        that does not is refused before it reaches the server's state."""
+        that does not is refused before its arguments are read, and learns nothing but that.
+
+        The server registers one RPC method, `REQUEST`: (token, method name, worker,
+        arguments serialized as tensors) -> (status, results serialized): what TensorFlow's
+        server lists to any caller is that signature, not the methods or the shapes of the
+        model's variables; a refusal or an error is a status line, never a traceback."""
         verifier = Verifier(require_secret(secret, f"Parameter server {self.index}"),
                             server=server_name(self.index))
-        server = tf.distribute.experimental.rpc.Server.create("grpc", address)
         scalar = tf.TensorSpec([], tf.int64)
-        worker = [scalar]
-        values = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         push_in = [scalar, scalar, tf.TensorSpec([], tf.float32),
                    *push_specs(self.codecs, self.variables)]
-        methods = {  # name: (Python handler on NumPy arguments, input specs, output specs)
-            "push": (lambda w, b, r, *g: self.push(int(w), int(b), float(r), list(g)),
-                     push_in, scalar),
-            "ready": (lambda w: self.ready(int(w)), worker, tf.TensorSpec([], tf.bool)),
-            "pull": (lambda w: self.pull(int(w)), worker, [scalar, *values]),
-            "started": (lambda w: self.started(int(w)), worker, tf.TensorSpec([], tf.bool)),
-            "clock": (lambda w: self.clock(int(w)), worker, scalar),
-            "finish": (lambda w: self.finish(int(w)), worker, scalar),
-            "stats": (self.stats, [], tf.TensorSpec([STATS_LEN], tf.int64)),
-            "release": (self.release, [], scalar),
+        count, flag = np.int64, np.bool_  # the results' types, as the workers parse them
+        self._methods = {  # name: (Python handler on NumPy arguments -> results, input specs)
+            "push": (lambda w, b, r, *g: [count(self.push(int(w), int(b), float(r), list(g)))],
+                     push_in),
+            "ready": (lambda w: [flag(self.ready(int(w)))], [scalar]),
+            "pull": (lambda w: self.pull(int(w)), [scalar]),
+            "started": (lambda w: [flag(self.started(int(w)))], [scalar]),
+            "clock": (lambda w: [count(self.clock(int(w)))], [scalar]),
+            "finish": (lambda w: [count(self.finish(int(w)))], [scalar]),
+            "stats": (lambda: [self.stats()], []),
+            "release": (lambda: [count(self.release())], []),
         }
-        for name, (handler, inputs, outputs) in methods.items():
-            server.register(name, _rpc_function(self._guarded(name, handler, verifier),
-                                                [tf.TensorSpec([], tf.string), *inputs],
-                                                outputs))
+        self._verifier = verifier
+
+        @tf.function(input_signature=REQUEST_SIGNATURE)
+        def request(token, method, worker, arguments):
+            answer = tf.py_function(self._answer, [token, method, worker, arguments], tf.string)
+            answer.set_shape([None])
+            return answer
+
+        server = tf.distribute.experimental.rpc.Server.create("grpc", address)
+        server.register(REQUEST, request)
         server.start()
         self._server = server
         self.verifier = verifier
 
-    def _guarded(self, method: str, handler, verifier: Verifier):
-        """`handler` behind the check of its token (the first argument)."""
-
-        def guarded(token, *args):
-            worker = int(args[0]) if args else -1
-            if not verifier.check(token, method, worker):
-                if verifier.refused in (1, 10, 100, 1000) or verifier.refused % 10000 == 0:
-                    print(f"parameter server {self.index}: refused a {method} call without "
-                          f"proof of the job's secret ({verifier.refused} refused so far)",
-                          flush=True)
-                raise PermissionError(f"{method}: refused (no proof of the job's secret)")
-            return handler(*args)
-
-        return guarded
+    def _answer(self, token, method, worker, arguments) -> np.ndarray:
+        """One call: `[status, *results]` as bytes, status b"" when it was answered."""
+        method = method.numpy().decode("ascii", "replace")
+        worker = int(worker.numpy())
+        verifier = self._verifier
+        if not verifier.check(token.numpy(), method, worker):
+            if verifier.refused in (1, 10, 100, 1000) or verifier.refused % 10000 == 0:
+                print(f"parameter server {self.index}: refused a call without proof of the "
+                      f"job's secret ({verifier.refused} refused so far)", flush=True)
+            return np.array([b"refused: no proof of the job's secret"], dtype=object)
+        handler, specs = self._methods.get(method, (None, None))
+        arguments = arguments.numpy()
+        if handler is None or len(arguments) != len(specs):
+            return np.array([f"refused: {method!r} with {len(arguments)} arguments is not a "
+                             f"call of this server".encode()], dtype=object)
+        try:
+            values = [tf.ensure_shape(tf.io.parse_tensor(a, spec.dtype), spec.shape).numpy()
+                      for a, spec in zip(arguments, specs)]
+        except tf.errors.OpError:
+            return np.array([f"refused: the arguments of {method} are not those of this "
+                             "server".encode()], dtype=object)
+        if specs and int(values[0]) != worker:
+            return np.array([b"refused: the call names another worker than its token"],
+                            dtype=object)
+        try:
+            results = handler(*values)
+        except Exception as e:  # the job is over, a failed checkpoint, ...: the worker says it
+            return np.array([(str(e) or type(e).__name__).encode()], dtype=object)
+        return np.array([b"", *(tf.io.serialize_tensor(r).numpy() for r in results)],
+                        dtype=object)
 
     def serve(self, address: str, secret: bytes | str | None,
               poll_seconds: float = 0.2) -> dict:
@@ -491,24 +520,6 @@ class ParameterServer:
     def report(self) -> dict:
         return staleness_report(self.stats()) | {
             "bytes_received": self.bytes_received, "bytes_sent": self.bytes_sent}
-
-
-def _rpc_function(handler, inputs: list[tf.TensorSpec], outputs):
-    """A tf.function for the RPC server that runs `handler` in Python on its arguments as
-    NumPy values; `outputs` (a spec or a list of specs) gives the results' dtypes and shapes."""
-    specs = outputs if isinstance(outputs, list) else [outputs]
-
-    def run(*args):
-        return handler(*[a.numpy() for a in args])
-
-    @tf.function(input_signature=inputs)
-    def function(*args):
-        out = tf.py_function(run, list(args), [s.dtype for s in specs])
-        for tensor, spec in zip(out, specs):
-            tensor.set_shape(spec.shape)
-        return out if isinstance(outputs, list) else out[0]
-
-    return function
 
 
 def staleness_report(stats) -> dict:

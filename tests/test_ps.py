@@ -806,9 +806,10 @@ listed = {name.removesuffix("_blocking") for name in dir(client) if name.endswit
 print("listed", json.dumps(sorted(listed)), flush=True)
 print("specs", json.dumps(str(client._method_registry)), flush=True)
 said = []
-def call(method, args, token, worker=0):
-    payload = tf.stack([tf.io.serialize_tensor(a) for a in args]) if args else \
-        tf.constant([], tf.string)
+def call(method, args, token, worker=0, payload=None):
+    if payload is None:
+        payload = tf.stack([tf.io.serialize_tensor(a) for a in args]) if args else \
+            tf.constant([], tf.string)
     status = client.call(REQUEST, [tf.constant(token), tf.constant(method),
                                    tf.constant(worker, tf.int64), payload],
                          output_specs=tf.TensorSpec([None], tf.string), timeout_in_ms=5000)
@@ -828,6 +829,8 @@ for name, token in (("none", "no-token"),
           flush=True)
     if replay and name == "right":
         print("replayed", call("push", [w, w, tf.constant(1.0), *grad], token), flush=True)
+print("garbled", call("push", [], sign(secret, "push", 0, server="ps-0"),
+                      payload=tf.constant([b"not a tensor"] * 4)), flush=True)
 print("finish", call("finish", [w], "no-token"), flush=True)
 print("release", call("release", [], sign(b"not-the-job-secret-0123", "release", -1,
                                           server="ps-0"), worker=-1), flush=True)
@@ -837,11 +840,12 @@ print("said", json.dumps(said), flush=True)
 
 def test_a_call_without_the_jobs_secret_is_refused_and_changes_nothing():
     """A parameter server bound to 127.0.0.1: a push with no token, a forged token, a token
-    made for another server, a replayed token, a finish and a release without
-    proof are refused (the weights, version, pushes, finished workers and the release flag
-    unchanged); the push with the right token is taken. What a caller learns without the
-    secret: one method taking strings (no method names, no variable shapes), and refusals of one
-    line (no traceback, no file path of the server)."""
+    made for another server, a replayed token, a finish and a release without proof, and a
+    push with a valid token but arguments that are not tensors are refused (the weights,
+    version, pushes, finished workers and the release flag unchanged); the push with the right
+    token is taken. What a caller learns without the secret: one method taking strings (no
+    method names, no variable shapes), and refusals of one line (no traceback, no file path of
+    the server)."""
     variable = keras.Variable(np.zeros(4, np.float32))
     server = ParameterServer([variable], keras.optimizers.SGD(1.0), 1, staleness=None)
     (port,) = free_ports(1)
@@ -852,11 +856,12 @@ def test_a_call_without_the_jobs_secret_is_refused_and_changes_nothing():
     answers = dict(line.split(" ", 1) for line in caller.stdout.splitlines())
     listed, specs, said = (json.loads(answers.pop(k)) for k in ("listed", "specs", "said"))
     assert answers == {"none": "refused", "forged": "refused", "other-server's": "refused",
-                       "right": "ok", "replayed": "refused", "finish": "refused",
-                       "release": "refused"}, caller.stderr[-2000:]
+                       "right": "ok", "replayed": "refused", "garbled": "refused",
+                       "finish": "refused", "release": "refused"}, caller.stderr[-2000:]
     assert listed == [REQUEST]
     assert "shape=(4,)" not in specs and "float32" not in specs and "push" not in specs, specs
-    assert set(said) == {"", "refused: no proof of the job's secret"}, said
+    assert set(said) == {"", "refused: no proof of the job's secret",
+                         "refused: the arguments of push are not those of this server"}, said
     assert server.version == server.pushes == 1  # the one authentic push
     np.testing.assert_allclose(server.values()[0], -np.ones(4))
     assert not server._finished and not server._released

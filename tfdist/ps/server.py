@@ -71,6 +71,7 @@ REQUEST = "tfdist_ps"
 REQUEST_SIGNATURE = [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string),
                      tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string)]
 STATS_LEN = BUCKETS + 4  # the histogram, then version, pushes, lost and finished workers
+_TENSOR_PROTO = type(tf.make_tensor_proto(0))  # what tf.io.serialize_tensor writes
 RELEASE_GRACE_SECONDS = 30.0  # how long the server waits for the chief's last pull
 
 
@@ -446,9 +447,12 @@ class ParameterServer:
             return np.array([f"refused: {method!r} with {len(arguments)} arguments is not a "
                              f"call of this server".encode()], dtype=object)
         try:
-            values = [tf.ensure_shape(tf.io.parse_tensor(a, spec.dtype), spec.shape).numpy()
-                      for a, spec in zip(arguments, specs)]
-        except tf.errors.OpError:
+            values = [tf.make_ndarray(_TENSOR_PROTO.FromString(a)) for a in arguments]
+        except Exception:  # not serialized tensors (protobuf's and NumPy's errors vary)
+            values = None
+        if values is None or any(
+                v.dtype != spec.dtype.as_numpy_dtype or not spec.shape.is_compatible_with(v.shape)
+                for v, spec in zip(values, specs)):
             return np.array([f"refused: the arguments of {method} are not those of this "
                              "server".encode()], dtype=object)
         if specs and int(values[0]) != worker:
@@ -458,7 +462,7 @@ class ParameterServer:
             results = handler(*values)
         except Exception as e:  # the job is over, a failed checkpoint, ...: the worker says it
             return np.array([(str(e) or type(e).__name__).encode()], dtype=object)
-        return np.array([b"", *(tf.io.serialize_tensor(r).numpy() for r in results)],
+        return np.array([b"", *(tf.make_tensor_proto(r).SerializeToString() for r in results)],
                         dtype=object)
 
     def serve(self, address: str, secret: bytes | str | None,

@@ -198,6 +198,25 @@ def test_the_benchmark_tables_are_what_their_results_give():
         assert "measured on 20" in text and "CPU cores" in text  # the date and the machine
 
 
+def test_a_suite_that_draws_plots_shows_them_on_its_page():
+    """The plots of each suite's own result, drawn from it into docs/benchmarks/img/SUITE/ by
+    python -m tfdist.tools.bench.pages, show under its table; a page that names a plot file
+    shows an image."""
+    from tfdist.tools.bench import pages
+
+    docs = Path(ROOT) / "docs" / "benchmarks"
+    for suite in pages.FIGURES:
+        if not (docs / "data" / f"{suite}.json").is_file():
+            continue
+        text = (docs / pages.PAGES[suite]).read_text()
+        images = re.findall(rf"!\[[^\]]*\]\((img/{suite}/[^)]+\.png)\)", text)
+        assert images, f"{pages.PAGES[suite]} shows none of {suite}'s plots"
+        assert all((docs / image).is_file() for image in images), images
+    for path in sorted(docs.glob("*.md")):
+        text = path.read_text()
+        assert ".png" not in text or "![" in text, f"{path.name} names a plot it does not show"
+
+
 def test_every_benchmark_table_is_generated_from_a_result():
     """No table on a benchmark page is copied by hand: each sits in a section generated from
     a result kept in docs/benchmarks/data (which the test above checks)."""

@@ -7,7 +7,9 @@ page between the markers below by
 
     python -m tfdist.tools.bench.pages docs/benchmarks
 
-and `tests/test_readme.py` fails when a page's table is not what its JSON gives.
+and `tests/test_readme.py` fails when a page's table is not what its JSON gives. A suite's own
+data file (`SUITE.json`, no label) is also drawn: its plots, as the suite's run draws them, go
+to `docs/benchmarks/img/SUITE/` and show under its table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from tfdist.tools.bench.suites import table_of
 
@@ -29,10 +32,72 @@ BEGIN = "<!-- generated from data/{name}.json by python -m tfdist.tools.bench.pa
 END = "<!-- end of generated -->"
 
 
-def section(suite: str, result: dict) -> str:
-    """What the page shows of a result: how it was measured, then the table."""
+def section(suite: str, result: dict, shown: list[str] = ()) -> str:
+    """What the page shows of a result: how it was measured, the table, then its figures
+    (`shown`: their paths from the page)."""
+    images = "".join(f"\n![{Path(image).stem.replace('_', ' ')}]({image})" for image in shown)
     return (f"`{result['command']}`, measured on {result['date']} on {result['machine']}:\n\n"
-            f"{table_of(suite, result)}")
+            f"{table_of(suite, result)}{chr(10) if images else ''}{images}")
+
+
+# The suites whose runs draw figures: the files each draws, and how, from its result.
+def _comm(result: dict, out: Path) -> list[Path]:
+    from tfdist.tools.bench import comm
+
+    rows = result["rows"]
+    links = list(dict.fromkeys(r["bandwidth"] for r in rows))  # in the order the run took
+    return comm.plots(SimpleNamespace(bandwidths=links,
+                                      target_accuracy=result.get("target_accuracy")), rows, out)
+
+
+def _models(result: dict, out: Path) -> list[Path]:
+    from tfdist.tools.bench import plots
+
+    rows = result["rows"]
+    return [plots.models(rows, model, out / f"models_{model}.png")
+            for model in dict.fromkeys(r["model"] for r in rows)]
+
+
+def _stragglers(result: dict, out: Path) -> list[Path]:
+    from tfdist.tools.bench import stragglers
+
+    plan = SimpleNamespace(target_accuracy=result["target_accuracy"])
+    return [stragglers.plot(plan, result["rows"], out / "stragglers_accuracy.png")]
+
+
+def _one(draw: str, name: str):
+    def figures(result: dict, out: Path) -> list[Path]:
+        from tfdist.tools.bench import plots
+
+        return [getattr(plots, draw)(result["rows"], out / name)]
+
+    return figures
+
+
+FIGURES = {"comm": _comm, "models": _models, "stragglers": _stragglers,
+           "input": _one("input_suite", "input.png"),
+           **{suite: _one(suite, f"{suite}.png") for suite in (
+               "overhead", "compression", "compressors", "local_sgd", "memory", "pipeline")}}
+
+
+def figures(docs: Path) -> dict[str, list[Path]]:
+    """Draws the figures of every suite's own data file into `docs`/img/SUITE/: {suite: the
+    files}."""
+    drawn = {}
+    for suite, draw in FIGURES.items():
+        data = docs / "data" / f"{suite}.json"
+        if data.is_file():
+            out = docs / "img" / suite
+            out.mkdir(parents=True, exist_ok=True)
+            drawn[suite] = sorted(draw(json.loads(data.read_text()), out))
+    return drawn
+
+
+def shown(docs: Path, name: str) -> list[str]:
+    """The figures drawn for data file `name` (`SUITE[.LABEL]`), as paths from its page."""
+    if name not in FIGURES:
+        return []
+    return sorted(f"img/{name}/{p.name}" for p in (docs / "img" / name).glob("*.png"))
 
 
 def page_text(text: str, name: str, result: dict, path: Path) -> str:
@@ -44,7 +109,8 @@ def page_text(text: str, name: str, result: dict, path: Path) -> str:
                          "where the table goes.")
     head, rest = text.split(begin, 1)
     tail = rest.split(END, 1)[1]
-    return f"{head}{begin}\n{section(name.split('.')[0], result)}\n{END}{tail}"
+    return (f"{head}{begin}\n{section(name.split('.')[0], result, shown(path.parent, name))}\n"
+            f"{END}{tail}")
 
 
 def generate(docs: Path) -> dict[Path, str]:
@@ -65,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m tfdist.tools.bench.pages docs/benchmarks", file=sys.stderr)
         return 2
+    for suite, files in figures(Path(args[0])).items():
+        print(f"drew {len(files)} figure(s) of {suite}")
     for path, text in generate(Path(args[0])).items():
         path.write_text(text)
         print(f"wrote {path}")

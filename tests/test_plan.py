@@ -357,6 +357,24 @@ def test_the_command_plans_1024_workers_without_tensorflow(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr
 
 
+def test_the_planner_page_is_reproduced_from_its_kept_calibration(tmp_path):
+    """The planner page's 2-host table (data/plan.json) is what `tfdist bench --suite plan`
+    gives again from the measured run and the calibration directory the page names."""
+    from tfdist.tools.cli import main
+
+    docs = Path(ROOT) / "docs" / "benchmarks"
+    assert main(["bench", "--suite", "plan", "--results", str(docs / "data" / "comm.json"),
+                 "--calibrate", str(docs / "calibration" / "2026-11-29"),
+                 "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "plan.json").read_text())["rows"]
+    kept = json.loads((docs / "data" / "plan.json").read_text())["rows"]
+    assert [(r["algorithm"], r["bandwidth"]) for r in again] == \
+        [(r["algorithm"], r["bandwidth"]) for r in kept]
+    for a, b in zip(again, kept):
+        assert a["predicted_ms"] == pytest.approx(b["predicted_ms"], rel=1e-9)
+        assert a["predicted_bytes"] == b["predicted_bytes"]
+
+
 def test_the_bench_sets_the_prediction_beside_a_measured_comm_run(tmp_path):
     """`tfdist bench --suite plan` on the comm suite's quick run kept in the docs (2 emulated
     hosts, 100 Mbit/s): the bytes predicted for the dense and PowerSGD exchanges are the bytes

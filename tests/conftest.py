@@ -19,6 +19,13 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
 )
 
+# A test process builds many MirroredStrategies, plain Keras reference runs among them: each
+# numbers its collectives from a base of its own from the start (tfdist itself installs this
+# when it first builds a strategy or a communicator; tests/test_hooks.py checks both).
+from tfdist._hooks.distribute import fresh_collective_keys  # noqa: E402
+
+fresh_collective_keys()
+
 # TensorFlow's and Keras' modules are millions of objects that never die: kept out of every
 # later garbage collection (measured: test_faults + test_zero 205 s -> 197 s, test_local_sgd
 # 110 s -> 100 s).

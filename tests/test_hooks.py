@@ -4,11 +4,15 @@ If one of these fails after a TensorFlow or Keras upgrade, the hook moved: fix t
 tfdist/_hooks/ it names before anything else.
 """
 
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import ROOT, worker_env
 from tfdist._hooks import checkpoint as checkpoint_hooks
 from tfdist._hooks import distribute as distribute_hooks
 from tfdist._hooks import graphs as graph_hooks
@@ -110,6 +114,33 @@ def test_every_mirrored_strategy_gets_collective_keys_of_its_own():
 
     assert first.experimental_local_results(reduce())[0].numpy().tolist() == [2.0]
     assert second.experimental_local_results(gather())[0].numpy().tolist() == [1, 1]
+
+
+_IMPORT_ONLY = """
+import atexit, sys
+import keras, tensorflow as tf
+from tfdist._hooks.distribute import KEY_BASE_ATTRIBUTE, _FreshKeyBase
+before = (atexit._ncallbacks(), list(sys.meta_path), sys.stdout.fileno(), sys.stderr.fileno(),
+          vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE])
+import tfdist
+after = (atexit._ncallbacks(), list(sys.meta_path), sys.stdout.fileno(), sys.stderr.fileno(),
+         vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE])
+print("unchanged" if before == after else f"changed: {before} -> {after}")
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+tfdist.comm.ReplicaCommunicator(strategy)
+installed = isinstance(vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE], _FreshKeyBase)
+print("installed at first use" if installed else "not installed")
+"""
+
+
+def test_importing_tfdist_changes_nothing_of_the_process_and_hooks_apply_on_first_use():
+    """In a fresh process that has imported TensorFlow and Keras, `import tfdist` registers no
+    exit handler, leaves sys.meta_path and MirroredStrategy as they were; the collective-key
+    hook is installed when tfdist first builds a communicator on a strategy."""
+    done = subprocess.run([sys.executable, "-c", _IMPORT_ONLY], cwd=ROOT, env=worker_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["unchanged", "installed at first use"], \
+        done.stdout + done.stderr[-2000:]
 
 
 def test_checkpoint_hooks_hide_objects_and_compute_an_entry(tmp_path):

@@ -15,8 +15,6 @@ TensorFlow loads, and TensorFlow quietly after it: `tfdist.logs.loading_quietly`
 
 from __future__ import annotations
 
-import atexit as _atexit
-import gc as _gc
 import importlib
 import os as _os
 import sys as _sys
@@ -90,12 +88,6 @@ def _is_command() -> bool:
 
 
 _deferred = _is_command() or _main_module() in _LAUNCHERS
-
-# At exit, the objects still alive (TensorFlow's and Keras' millions of module objects among
-# them) are moved out of the garbage collector's reach: the interpreter's last collections then
-# skip them, which took about a second of every TensorFlow process's exit on the 2-core test
-# machine. Objects are still finalized as their references go; only the cycle search is spared.
-_atexit.register(_gc.freeze)
 
 
 def __getattr__(name: str):

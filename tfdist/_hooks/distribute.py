@@ -5,9 +5,10 @@
   strategy in one process reuses the keys of the first, and TF aborts with "Collective instance
   100 expected type 0 ... but got type 2" once both have run collectives of different kinds
   (what every notebook that builds two models meets). TF's own tests raise the base before each
-  new strategy. `fresh_collective_keys()` (installed when tfdist is imported) makes the
-  attribute give every new MirroredStrategy a base of its own. Multi-worker strategies keep
-  theirs: their keys must agree across processes.
+  new strategy. `fresh_collective_keys()` makes the attribute give every new MirroredStrategy a
+  base of its own; tfdist installs it when it first needs it (building one of its
+  MirroredStrategy subclasses, or a communicator or engine on a strategy), never at import.
+  Multi-worker strategies keep theirs: their keys must agree across processes.
 * Central variables. `central_variable` unwraps a CentralStorageStrategy variable (its
   private `_v`) so that Hogwild replicas can update it without aggregation.
 * Merge calls. `uses_merge_call` asks TF's semi-private `tf.__internal__` whether the current

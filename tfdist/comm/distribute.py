@@ -14,8 +14,6 @@ from tfdist.comm.engine import Engine, register
 
 _OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 
-fresh_collective_keys()  # several MirroredStrategies in one process (see tfdist._hooks.distribute)
-
 
 class ReplicaCommunicator(Communicator):
     """Collectives through `tf.distribute.get_replica_context()`.
@@ -57,6 +55,7 @@ class ReplicaCommunicator(Communicator):
     def __init__(self, strategy: tf.distribute.Strategy | None = None,
                  counter: ByteCounter | None = None):
         super().__init__(counter)
+        fresh_collective_keys()  # the strategies made from now on (see tfdist._hooks.distribute)
         self.strategy = strategy or tf.distribute.get_strategy()
 
     @property
@@ -204,6 +203,7 @@ class DistributeEngine(Engine):
     loss_divided_by_replicas = True
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
+        fresh_collective_keys()  # the strategies made from now on (see tfdist._hooks.distribute)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._local_ranks: list[int] | None = None
         self._gather_fn: tuple[int, Any] | None = None  # (values per row, traced gather)

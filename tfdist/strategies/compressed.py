@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdist._hooks.distribute import fresh_collective_keys
 from tfdist._hooks.optimizer import install_strategy_hooks
 from tfdist.comm import DistributeEngine
 from tfdist.optimizers import Chain, GradientExchange, TrackNorms
@@ -84,6 +85,7 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
                  compression_start_step: int = 0, batched: bool = True):
         self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
                             batched)
+        fresh_collective_keys()  # this strategy's collectives numbered apart from others'
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
 

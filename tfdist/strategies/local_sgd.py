@@ -20,6 +20,7 @@ import contextlib
 
 import tensorflow as tf
 
+from tfdist._hooks.distribute import fresh_collective_keys
 from tfdist._hooks.optimizer import install_strategy_hooks
 from tfdist.averaging import SMA, HierarchicalSchedule, PeriodicSchedule, SlowMo, optimizer_slots
 from tfdist.comm import DistributeEngine
@@ -106,6 +107,7 @@ class LocalSGDStrategy(_LocalSGD, tf.distribute.MirroredStrategy):
                  host_size: int | None = None, average_optimizer_state: bool = False):
         self._init_local_sgd(period, warmup_steps, slowmo, topology, sma, intra_period,
                              host_size, average_optimizer_state)
+        fresh_collective_keys()  # this strategy's collectives numbered apart from others'
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
 

@@ -26,13 +26,20 @@ JOB = ["--set", "model.name=mlp", "--set", "model.hidden=[32]", "--set", "train.
 STEPS = 18
 
 
+FAULT_AT = str(Path(ROOT) / "tests" / "workers" / "fault_at.py")
+
+
 def _command(out, *extra):
     return [sys.executable, "-m", "tfdist.tools.cli", "train", *JOB, *extra,
             "--set", f"train.output_dir={out}"]
 
 
-def _train(out, *extra, env=None, timeout=300):
-    return subprocess.run(_command(out, *extra), capture_output=True, text=True, cwd=ROOT,
+def _train(out, *extra, env=None, timeout=300, fault=None):
+    """The job run to its end (`fault`: (kind, point) of tests/workers/fault_at.py)."""
+    command = _command(out, *extra)
+    if fault is not None:
+        command = [sys.executable, FAULT_AT, *fault, *command[4:]]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                           env=env or worker_env(), timeout=timeout)
 
 
@@ -139,7 +146,7 @@ def test_a_kill_at_the_end_of_a_run_loses_nothing_and_retrains_nothing(tmp_path,
     then finishes the run (resumed at its last step, nothing trained again) or, once the run
     was finished, starts a new one from step 0 that no leftover backup leaks into."""
     out = tmp_path / "run"
-    killed = _train(out, env={**worker_env(), "TFDIST_KILL_AT": point})
+    killed = _train(out, fault=("kill", point))
     assert killed.returncode == -signal.SIGKILL
     again = _train(out)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -167,7 +174,7 @@ def test_a_notice_once_training_is_over_lets_the_run_finish(tmp_path, straight, 
     process exits: the run finishes as one never noticed and exits 0, not killed (143) with its
     model unsaved or preempted (76) with nothing to resume."""
     out = tmp_path / "run"
-    done = _train(out, env={**worker_env(), "TFDIST_NOTICE_AT": point})
+    done = _train(out, fault=("notice", point))
     assert done.returncode == 0, done.stderr[-3000:]
     said = "[tfdist] SIGTERM received after training ended: finishing the run"
     assert (said in done.stderr) == (point == "trained"), done.stderr[-3000:]

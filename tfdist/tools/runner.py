@@ -14,8 +14,6 @@ Each run gets a directory of its own under `train.output_dir`, which the chief f
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -52,7 +50,6 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     finally:
         epilogue.end()
         keras.config.set_dtype_policy("float32")
-        _fault_point("ended")
 
 
 def _run(config: dict[str, Any], job: JobEngine, progress: bool,
@@ -81,7 +78,6 @@ def _run(config: dict[str, Any], job: JobEngine, progress: bool,
         raise ConfigError(f"{e} (train.output_dir holds the backups)") from None
     report.fitted()
     epilogue.begin(config["train"]["preemption_signals"])
-    _fault_point("trained")
     with work.reading():
         evaluation = work.evaluate(model)
     summary = report.summary(history, evaluation, job)
@@ -94,20 +90,8 @@ def _run(config: dict[str, Any], job: JobEngine, progress: bool,
         with job.scope():
             work.compile(model, work.inner_optimizer())
         run.files.save_model(model)
-    _fault_point("saved_model")
     run.finish(summary)  # the run's results are safe: now its backups may go
-    _fault_point("finished")
     run.remove_backups()
     if job.is_chief:
         summary["summary_path"] = str(run.path / SUMMARY)
     return summary
-
-
-def _fault_point(point: str) -> None:
-    """Fault injection for the tests of the end of a run: TFDIST_KILL_AT=<point> SIGKILLs
-    this process there ("trained", "saved_model", "finished"); TFDIST_NOTICE_AT=<point> sends
-    it a SIGTERM there (a termination notice; also "ended", as `train` returns)."""
-    if os.environ.get("TFDIST_KILL_AT") == point:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get("TFDIST_NOTICE_AT") == point:
-        signal.raise_signal(signal.SIGTERM)

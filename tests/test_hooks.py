@@ -117,15 +117,24 @@ def test_every_mirrored_strategy_gets_collective_keys_of_its_own():
 
 
 _IMPORT_ONLY = """
-import atexit, sys
+import atexit, os, sys
 import keras, tensorflow as tf
 from tfdist._hooks.distribute import KEY_BASE_ATTRIBUTE, _FreshKeyBase
-before = (atexit._ncallbacks(), list(sys.meta_path), sys.stdout.fileno(), sys.stderr.fileno(),
-          vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE])
+
+def state():
+    optimizer_classes = [c for c in keras.optimizers.Optimizer.__mro__ if c is not object]
+    return (atexit._ncallbacks(), list(sys.meta_path), dict(os.environ),
+            [(s.st_dev, s.st_ino) for s in map(os.fstat, (0, 1, 2))],
+            dict(vars(tf.distribute.MirroredStrategy)),
+            [dict(vars(c)) for c in optimizer_classes])
+
+before = state()
 import tfdist
-after = (atexit._ncallbacks(), list(sys.meta_path), sys.stdout.fileno(), sys.stderr.fileno(),
-         vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE])
-print("unchanged" if before == after else f"changed: {before} -> {after}")
+after = state()
+names = ("atexit handlers", "sys.meta_path", "os.environ", "file descriptors 0-2",
+         "MirroredStrategy", "Keras' optimizer classes")
+changed = [name for name, a, b in zip(names, before, after) if a != b]
+print("unchanged" if not changed else "changed: " + ", ".join(changed))
 strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
 tfdist.comm.ReplicaCommunicator(strategy)
 installed = isinstance(vars(tf.distribute.MirroredStrategy)[KEY_BASE_ATTRIBUTE], _FreshKeyBase)
@@ -134,9 +143,10 @@ print("installed at first use" if installed else "not installed")
 
 
 def test_importing_tfdist_changes_nothing_of_the_process_and_hooks_apply_on_first_use():
-    """In a fresh process that has imported TensorFlow and Keras, `import tfdist` registers no
-    exit handler, leaves sys.meta_path and MirroredStrategy as they were; the collective-key
-    hook is installed when tfdist first builds a communicator on a strategy."""
+    """In a fresh process that has imported TensorFlow and Keras, `import tfdist` leaves the
+    exit handlers (their count), sys.meta_path, os.environ, file descriptors 0-2 and the
+    attributes of MirroredStrategy and of Keras' optimizer classes as they were; the
+    collective-key hook is installed when tfdist first builds a communicator on a strategy."""
     done = subprocess.run([sys.executable, "-c", _IMPORT_ONLY], cwd=ROOT, env=worker_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines() == ["unchanged", "installed at first use"], \

@@ -58,7 +58,6 @@ class Chain:
         # Set while a step is traced between `loss_factor` (the owner's `scale_loss`) and
         # `update`: the backward pass then yields the gradients in the chain's units.
         self._loss_prescaled = False
-        self.prescaled_traces = 0  # steps traced with the scale on the loss (tests read it)
 
     def build(self, owner, var_list) -> None:
         """Resolves the engine and creates every part's state as variables of `owner`."""
@@ -104,7 +103,6 @@ class Chain:
         engine = self.engine
         comm = engine.communicator(self.traffic.counter())
         prescaled, self._loss_prescaled = self._loss_prescaled, False
-        self.prescaled_traces += prescaled
         share = (1.0 / engine.world_size  # Keras' convention under a strategy (parts.py)
                  if not (engine.loss_divided_by_replicas or prescaled)
                  and engine.world_size > 1 else None)

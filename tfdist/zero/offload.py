@@ -8,8 +8,7 @@ per step the gradient shard goes to the host and the updated parameter shard com
 replica) and streams it through host memory in chunks: each chunk of every slot is memory-mapped,
 copied into the update's working variables, updated and written back, then unmapped. At most
 `budget_bytes` of state are in host memory at once: half for the mapped windows, half for the
-working copy. With `measure_resident=True` the resident pages of the mapped files are read from
-`/proc/self/smaps` after every chunk and the peak is kept (`peak_resident_bytes`).
+working copy.
 
 The update is the inner Keras optimizer's own (a clone built on one chunk, run eagerly on the
 host from a `tf.numpy_function`), so offloading changes where the state lives, not the result.
@@ -31,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._hooks.optimizer import disable_gradient_all_reduce, fuse_like
-from tfdist.arguments import check_bool, check_int
+from tfdist.arguments import check_int
 
 KINDS = ("cpu", "disk")
 DEFAULT_BUDGET = 64 * 2**20
@@ -47,8 +46,6 @@ class Offload:
             one, removed at exit, when None). The files are removed when the optimizer goes.
         budget_bytes: For "disk": the most bytes of one replica's state held in host memory at
             once (mapped windows plus the update's working copy).
-        measure_resident: For "disk": measure the resident pages of the state files after every
-            chunk (costs a read of /proc/self/smaps per chunk; for tests and benchmarks).
 
     Example:
         ```python
@@ -64,7 +61,7 @@ class Offload:
     """
 
     def __init__(self, kind: str = "cpu", directory: str | None = None,
-                 budget_bytes: int = DEFAULT_BUDGET, measure_resident: bool = False):
+                 budget_bytes: int = DEFAULT_BUDGET):
         if not isinstance(kind, str) or kind not in KINDS:
             raise ValueError(f"`offload` must be one of {KINDS} or None. Received: {kind!r:.80} "
                              "(state on another accelerator is not an offload target).")
@@ -83,7 +80,6 @@ class Offload:
         self.budget_bytes = check_int("budget_bytes", budget_bytes, 1024)
         self.kind = kind
         self.directory = directory
-        self.measure_resident = check_bool("measure_resident", measure_resident)
 
     @classmethod
     def parse(cls, value) -> Offload | None:
@@ -102,13 +98,13 @@ class Offload:
 
     def get_config(self) -> dict[str, Any]:
         return {"kind": self.kind, "directory": self.directory,
-                "budget_bytes": self.budget_bytes, "measure_resident": self.measure_resident}
+                "budget_bytes": self.budget_bytes}
 
 
 class _DiskStore:
     """State slots of one replica's shard in files, mapped a window at a time."""
 
-    def __init__(self, slots: int, size: int, directory: str, tag: str, measure: bool):
+    def __init__(self, slots: int, size: int, directory: str, tag: str):
         self.size = size
         self.nbytes = slots * size * _F32
         self.directory = os.path.realpath(directory)
@@ -128,8 +124,6 @@ class _DiskStore:
                                   f"{size * _F32:,} bytes for {path} ({e.strerror}); the "
                                   f"optimizer state needs {self.nbytes:,} bytes per replica. "
                                   "Free space there, or choose another directory.") from None
-        self.measure = measure
-        self.peak_resident_bytes = 0
 
     @contextlib.contextmanager
     def window(self, start: int, stop: int):
@@ -139,8 +133,6 @@ class _DiskStore:
             yield maps
             for m in maps:
                 m.flush()
-            if self.measure:
-                self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes())
         finally:
             del maps  # unmapped: the window's pages leave this process
 
@@ -284,8 +276,7 @@ class OffloadedState:
         tag, directory = f"{os.getpid()}-{id(self)}-{replica}", str(self.directory)
         return _ShardUpdater(
             inner, size, chunk,
-            lambda slots: _DiskStore(len(slots), size, directory, tag,
-                                     self.offload.measure_resident),
+            lambda slots: _DiskStore(len(slots), size, directory, tag),
             self.host)
 
     def _on(self, replica: int, fn, *args):
@@ -321,12 +312,6 @@ class OffloadedState:
         """Host bytes of the update's working copy (one chunk of every slot, per replica)."""
         u = self.updaters[0]
         return self.replicas * len(u.slots) * u.chunk * _F32
-
-    @property
-    def peak_resident_bytes(self) -> int | None:
-        if self.offload.kind != "disk" or not self.offload.measure_resident:
-            return None
-        return max(u.store.peak_resident_bytes for u in self.updaters)
 
 
 def _count_slots(inner) -> int:

@@ -329,11 +329,9 @@ def test_disk_offload_onto_a_too_small_filesystem_fails_first(mirrored, small_fi
 def test_disk_store_reserves_its_files(small_filesystem):
     """Each state file is reserved whole when it is made; one that does not fit fails at once,
     naming the bytes, and removes what it made."""
-    from tfdist.zero.offload import _DiskStore
-
-    kept = _DiskStore(2, 4096, str(small_filesystem), "fits", measure=False)  # 2 x 16 KiB
+    kept = _DiskStore(2, 4096, str(small_filesystem), "fits")  # 2 x 16 KiB
     assert [os.stat(p).st_blocks * 512 >= 4096 * 4 for p in kept.paths] == [True, True]
     with pytest.raises(OSError, match=r"could not reserve 65,536 bytes"):
-        _DiskStore(1, 16384, str(small_filesystem), "too-big", measure=False)
+        _DiskStore(1, 16384, str(small_filesystem), "too-big")
     assert sorted(p.name for p in small_filesystem.iterdir()) == sorted(
         os.path.basename(p) for p in kept.paths)

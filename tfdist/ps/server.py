@@ -417,7 +417,7 @@ class ParameterServer:
             "stats": (lambda: [self.stats()], []),
             "release": (lambda: [count(self.release())], []),
         }
-        self._verifier = verifier
+        self.verifier = verifier
 
         @tf.function(input_signature=REQUEST_SIGNATURE)
         def request(token, method, worker, arguments):
@@ -429,13 +429,13 @@ class ParameterServer:
         server.register(REQUEST, request)
         server.start()
         self._server = server
-        self.verifier = verifier
 
     def _answer(self, token, method, worker, arguments) -> np.ndarray:
         """One call: `[status, *results]` as bytes, status b"" when it was answered."""
         method = method.numpy().decode("ascii", "replace")
         worker = int(worker.numpy())
-        verifier = self._verifier
+        verifier = self.verifier
+        assert verifier is not None  # set by `start`
         if not verifier.check(token.numpy(), method, worker):
             if verifier.refused in (1, 10, 100, 1000) or verifier.refused % 10000 == 0:
                 print(f"parameter server {self.index}: refused a call without proof of the "

@@ -598,7 +598,9 @@ def table(target_accuracy: float, baseline: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
+def plots(rows: list[dict], target_accuracy: float, out_dir: Path) -> list[Path]:
+    """The sweep's figures in `out_dir`: accuracy against training time per host count (a
+    panel per link, slowest first, `target_accuracy` dotted) and the bytes per step."""
     from tfdist.tools.bench.plots import pyplot
 
     plt = pyplot()  # matplotlib, or the extra that installs it named
@@ -606,8 +608,8 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
 
     written = []
     for hosts in sorted({r["hosts"] for r in rows}):
-        links = [b for b in plan.bandwidths if any(r["hosts"] == hosts and r["bandwidth"] == b
-                                                   for r in rows)]
+        links = sorted({r["bandwidth"] for r in rows if r["hosts"] == hosts},
+                       key=emulated.parse_bandwidth)
         fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4.6), squeeze=False)
         for ax, link in zip(axes[0], links):
             for r in rows:
@@ -615,7 +617,7 @@ def plots(plan: Plan, rows: list[dict], out_dir: Path) -> list[Path]:
                     t, a, _ = zip(*r["curve"])
                     ax.plot(t, a, marker="o", ms=3, label=r["label"],
                             linestyle="--" if r["algorithm"] == LIMIT else "-")
-            ax.axhline(plan.target_accuracy, color="grey", lw=0.8, ls=":")
+            ax.axhline(target_accuracy, color="grey", lw=0.8, ls=":")
             ax.set(title=f"{hosts} hosts, {link} links", xlabel="training time (s, log scale)",
                    ylabel="test accuracy", xscale="log")
             # Labels at 1-2-5 steps only, as plain numbers: no crowded or overlapping labels.
@@ -735,7 +737,7 @@ def write(plan: Plan, rows: list[dict], failures: list[str], out_dir: Path,
         "failures": failures, "rows": rows}
     (out_dir / "comm.json").write_text(json.dumps(meta, indent=2))
     if rows:
-        plots(plan, rows, out_dir)
+        plots(rows, plan.target_accuracy, out_dir)
 
 
 def run_comm(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from tfdist.tools.bench.suites import table_of
 
@@ -44,10 +43,7 @@ def section(suite: str, result: dict, shown: list[str] = ()) -> str:
 def _comm(result: dict, out: Path) -> list[Path]:
     from tfdist.tools.bench import comm
 
-    rows = result["rows"]
-    links = list(dict.fromkeys(r["bandwidth"] for r in rows))  # in the order the run took
-    return comm.plots(SimpleNamespace(bandwidths=links,
-                                      target_accuracy=result.get("target_accuracy")), rows, out)
+    return comm.plots(result["rows"], result["target_accuracy"], out)
 
 
 def _models(result: dict, out: Path) -> list[Path]:
@@ -61,8 +57,8 @@ def _models(result: dict, out: Path) -> list[Path]:
 def _stragglers(result: dict, out: Path) -> list[Path]:
     from tfdist.tools.bench import stragglers
 
-    plan = SimpleNamespace(target_accuracy=result["target_accuracy"])
-    return [stragglers.plot(plan, result["rows"], out / "stragglers_accuracy.png")]
+    return [stragglers.plot(result["rows"], result["target_accuracy"],
+                            out / "stragglers_accuracy.png")]
 
 
 def _one(draw: str, name: str):

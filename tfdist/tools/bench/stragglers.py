@@ -166,7 +166,7 @@ def check(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(plan: comm.Plan, rows: list[dict], path: Path) -> Path:
+def plot(rows: list[dict], target_accuracy: float, path: Path) -> Path:
     from tfdist.tools.bench.plots import pyplot
 
     plt = pyplot()
@@ -178,7 +178,7 @@ def plot(plan: comm.Plan, rows: list[dict], path: Path) -> Path:
             if (r["hosts"], r["bandwidth"]) == key:
                 t, a, _ = zip(*r["curve"])
                 ax.plot(t, a, marker="o", ms=3, label=r["label"])
-        ax.axhline(plan.target_accuracy, color="grey", lw=0.8, ls=":")
+        ax.axhline(target_accuracy, color="grey", lw=0.8, ls=":")
         ax.set(title=f"{key[0]} hosts, {key[1]} links, one straggler",
                xlabel="training time of the chief (s)", ylabel="test accuracy")
         ax.grid(alpha=0.3)
@@ -209,7 +209,7 @@ def write(plan: comm.Plan, straggler: dict, rows: list[dict], failures: list[str
          "target_accuracy": plan.target_accuracy, "job": plan.job, "failures": failures,
          "rows": rows}, indent=2))
     if rows:
-        plot(plan, rows, out_dir / "stragglers_accuracy.png")
+        plot(rows, plan.target_accuracy, out_dir / "stragglers_accuracy.png")
 
 
 def run_stragglers(quick: bool, out: str, hosts=None, bandwidths=None, algorithms=None,

@@ -163,18 +163,23 @@ def _notice(start, out, target: str) -> None:
 
 def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(hosts,
                                                                           elastic_reference):
-    """The job on 3 remote hosts; worker 1 is SIGKILLed after the backup of step 8: the launcher
-    restarts on 2, the hostfile still offers 3 slots, so the job grows back to 3 at its next
-    backup (the offer reaches the chief on another host through its standard input); it ends
-    with the weights of the same job never stopped (on this machine: the same computation),
-    every epoch's examples trained on once."""
+    """The job on 3 remote hosts, reading the digits record set on the shared storage; worker 1
+    is SIGKILLed after the backup of step 5: the launcher restarts on 2, the hostfile still
+    offers 3 slots, so the job grows back to 3 at its next backup, step 10 of the epoch's 12
+    (the offer reaches the chief on another host through its standard input); it ends with
+    the weights of the same job on the digits arrays never stopped (on this machine: the same
+    computation), every epoch's examples trained on once."""
     cluster, shared = hosts
-    out = shared / "elastic"
-    launcher = subprocess.Popen(_launch(cluster, shared / "hosts-b.txt", out), cwd=ROOT,
-                                env=worker_env(), stdout=subprocess.PIPE,
+    out, records = shared / "elastic", shared / "digits"
+    subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "data", "convert", "--from",
+                    "digits", "--out", str(records)], check=True, cwd=ROOT, env=worker_env(),
+                   capture_output=True, timeout=120)
+    command = _launch(cluster, shared / "hosts-b.txt", out, "--set", "data.name=records",
+                      "--set", f"data.path={records}", "--set", "train.checkpoint_steps=5")
+    launcher = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        wait_for_backup(launcher, out / "backup" / "process-1" / "step-8" / "meta.json")
+        wait_for_backup(launcher, out / "backup" / "process-1" / "step-5" / "meta.json")
         os.kill(_pid_of_worker(str(out), 1), signal.SIGKILL)
         out_text, err = launcher.communicate(timeout=500)
     finally:
@@ -189,6 +194,7 @@ def test_the_elastic_launcher_shrinks_and_grows_on_hosts_that_share_nothing(host
     summary, weights = final_weights(out)
     reference_summary, reference = elastic_reference
     assert summary["world_size"] == reference_summary["world_size"] == 3
+    assert summary["resumed_from_step"] % 12, summary["resumed_from_step"]  # grown mid-epoch
     assert summary["examples_per_epoch"] == reference_summary["examples_per_epoch"] == [576] * 3
     for a, b in zip(reference, weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)

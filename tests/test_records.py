@@ -245,6 +245,48 @@ def test_a_run_on_records_resumes_exactly_and_reads_only_what_is_left(mirrored, 
     assert left <= read <= left + 24 * BATCH < 56 * BATCH, read / BATCH
 
 
+class CopyBackupAfter(keras.callbacks.Callback):
+    """Copies the backups in `directory` to `to` after global step `step`: what a run killed
+    there would leave behind, while this run goes on."""
+
+    def __init__(self, step, directory, to):
+        super().__init__()
+        self.step, self.directory, self.to, self.seen = step, directory, to, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            shutil.copytree(self.directory, self.to)
+
+
+def test_a_resume_at_step_10000_gives_the_weights_of_the_run_never_stopped(digits_records,
+                                                                         tmp_path):
+    """One device, 10,040 steps (10 epochs of 1,004), backed up at step 10,000 (epoch 10,
+    batch 960): the backups as a kill at step 10,010 leaves them, run again, give the weights
+    of the run never stopped bit for bit, reading the 40 batches left and tf.data's read-ahead,
+    not the 10,000 before them."""
+    from tests.workers import common
+
+    path, _ = digits_records
+
+    def run(directory, copy_to=None):
+        source = RecordSource(path)
+        model = common.make_model(hidden=(32,))
+        model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
+                      loss="sparse_categorical_crossentropy")
+        backup = tfdist.callbacks.BackupAndRestore(directory, save_freq=10_000)
+        callbacks = [backup] + ([CopyBackupAfter(10_010, directory, copy_to)] if copy_to else [])
+        data = record_batches(source, BATCH, seed=3, start=backup.data_start)
+        model.fit(data, epochs=10, steps_per_epoch=1_004, verbose=0, callbacks=callbacks)
+        return model.get_weights(), source.records_read
+
+    straight, _ = run(tmp_path / "straight", copy_to=tmp_path / "killed")
+    resumed, read = run(tmp_path / "killed")
+    for a, b in zip(straight, resumed, strict=True):
+        np.testing.assert_array_equal(b, a)
+    assert 40 * BATCH <= read <= 64 * BATCH, read / BATCH
+
+
 def _own_pipeline(folder, parsed, stateless=True):
     """A pipeline of one's own over `folder`'s TFRecord files (interleave, map, shuffle,
     batch, prefetch) that counts the records it parses in `parsed`."""

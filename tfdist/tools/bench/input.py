@@ -9,8 +9,8 @@ comparisons, the same records read as a plain TFRecord pipeline, or as arrays in
   127.0.0.1): the records worker 0 read, against the records the whole job trained on;
 * resume: the time to the first batch and the records read, for a run resumed at global batch
   0, 1,000 and 10,000: the record set (reads from the position) against a TFRecord pipeline
-  resumed the only way a stream can be, by reading and dropping what came before
-  (`tfdist.data.resume`);
+  whose state is not in the backup (a `py_function` in it), which `tfdist.data.resume` can
+  only skip to the position, reading and dropping what came before;
 * step: the median training step of one device on arrays in memory, on the record set, and on
   the record set with a decode costing about 0.5 ms of CPU per record (an image's decode and
   augmentation): where the input, not the model, bounds the step.
@@ -202,7 +202,7 @@ def page_table(result: dict) -> str:
     reads += [f"| {r['workers']} | {r['trained']:,} | {r['read']:,} | {r['share']:.1%} |"
               for r in rows if r["kind"] == "reads"]
     resume = ["| resumed at global batch | record set: first batch | records read | TFRecord "
-              "stream: first batch | records read |", "|---:|---:|---:|---:|---:|"]
+              "stream, skipped: first batch | records read |", "|---:|---:|---:|---:|---:|"]
     resume += [f"| {r['start']:,} | {r['records_s']:.2f} s | {r['records_read']:,} | "
                f"{r['stream_s']:.2f} s | {r['stream_read']:,} |"
                for r in rows if r["kind"] == "resume"]

@@ -376,10 +376,11 @@ def test_your_own_pipeline_resumes_from_its_saved_position(mirrored, own_records
 @pytest.mark.multiprocess
 def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(digits_records,
                                                                               tmp_path):
-    """`tfdist train` on the digits record set, 10 epochs: one device, 2 TF_CONFIG workers (and
-    2 Horovod ranks where Horovod is built) end with the same weights as one device on the
-    digits arrays, and each worker read its half of the records the job trained on, plus a
-    read-ahead that does not grow with the job (at most 20 of its slices): 55% at most."""
+    """`tfdist train` on the digits record set, 10 epochs: one device, 2 and 4 TF_CONFIG workers
+    (and 2 Horovod ranks where Horovod is built) end with the same weights as one device on the
+    digits arrays, and each of N workers read its 1/N of the records the job trained on, plus
+    a read-ahead that does not grow with the job (at most 20 of its slices): 55% at most at
+    2 workers."""
     import json
     import subprocess
     import sys
@@ -400,23 +401,27 @@ def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(d
         out = subprocess.run(job(run, engine, *data), capture_output=True, text=True, cwd=ROOT,
                              env=worker_env(), timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-    workers = run_tf_workers(job("multi_worker", "multi_worker", *records), 2, 300,
-                             env=worker_env())
-    assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
-    runs = ["records", "multi_worker"]
+    runs, sizes = ["records"], {"records": 1}
+    for n in (2, 4):
+        workers = run_tf_workers(job(f"multi_worker_{n}", "multi_worker", *records), n, 300,
+                                 env=worker_env())
+        assert [r.returncode for r in workers] == [0] * n, workers[0].output[-3000:]
+        runs.append(f"multi_worker_{n}")
+        sizes[runs[-1]] = n
     if horovod_available():
         result = run_horovod(job("horovod", "horovod", *records), 2, 300, env=worker_env())
         assert result.returncode == 0, result.output[-3000:]
         runs.append("horovod")
+        sizes["horovod"] = 2
     summary = {run: json.loads((tmp_path / run / "summary.json").read_text())
                for run in ["arrays", *runs]}
     trained = 10 * STEPS * BATCH
     assert summary["records"]["records_read"] >= trained
     for run in runs[1:]:
-        read = summary[run]["records_read"]
-        assert summary[run]["world_size"] == 2
-        assert trained / 2 <= read <= trained / 2 + 20 * BATCH / 2, (run, read)
-        assert read <= 0.55 * trained
+        read, n = summary[run]["records_read"], sizes[run]
+        assert summary[run]["world_size"] == n
+        assert trained / n <= read <= (trained + 20 * BATCH) / n, (run, read)
+    assert summary["multi_worker_2"]["records_read"] <= 0.55 * trained
     weights = {run: keras.saving.load_model(tmp_path / run / "model.keras").get_weights()
                for run in ["arrays", *runs]}
     for run in runs:

@@ -18,9 +18,13 @@ def test_the_resume_rows_count_what_a_record_set_and_a_stream_read(tmp_path):
     assert rows[0]["records_read"] <= 8 * suite.BATCH
     result = {"batch": suite.BATCH, "epochs": 1, "rows": rows + [
         {"kind": "reads", "workers": 2, "trained": 1408, "read": 760, "share": 760 / 1408},
-        {"kind": "step", "input": "record set", "step_ms": 2.5, "decode_ms_per_record": None}]}
+        {"kind": "step", "input": "record set", "step_ms": 2.5, "decode_ms_per_record": None},
+        {"kind": "format", "format": "ArrayRecord", "record_bytes": 3072, "records": 5000,
+         "per_s": 12345.6, "write_s": 0.5, "mb": 15.7}]}
     table = suite.page_table(result)
     assert "| 2 | 1,408 | 760 | 54.0% |" in table and "| 200 |" in table
     assert "| record set | 2.5 ms |  |" in table
+    assert "5,000 records of 3,072 bytes" in table and "| ArrayRecord | 12,346 | 0.50 s | 15.7 MB |" \
+        in table
     png = plots.input_suite(result["rows"], tmp_path / "input.png")
     assert png.read_bytes()[:4] == b"\x89PNG"

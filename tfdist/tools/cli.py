@@ -68,7 +68,7 @@ SUITES = {
     "input": "what reading the data costs: records each TF_CONFIG worker reads of a record "
              "set at 1, 2 and 4 workers, a resumed run's first batch at global batch 0, 1,000 "
              "and 10,000 against a TFRecord stream skipped to it, one device's step on arrays, records and "
-             "a heavy decode",
+             "a heavy decode, random reads of a record set against ArrayRecord",
     "collectives": "one all-reduce of 1-94 MB, whole or in parts, over tf.distribute's gRPC "
                    "collectives and Horovod's Gloo, processes on 127.0.0.1: median ms, bus "
                    "bandwidth",

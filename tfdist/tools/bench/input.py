@@ -13,7 +13,10 @@ comparisons, the same records read as a plain TFRecord pipeline, or as arrays in
   only skip to the position, reading and dropping what came before;
 * step: the median training step of one device on arrays in memory, on the record set, and on
   the record set with a decode costing about 0.5 ms of CPU per record (an image's decode and
-  augmentation): where the input, not the model, bounds the step.
+  augmentation): where the input, not the model, bounds the step;
+* format: random batches of 64 records read from a record set (TFRecord files with an index of
+  byte offsets) against the same records in ArrayRecord (Grain's format; measured where the
+  `array-record` package is installed): records per second and the files' size.
 
 On hosts that share this machine's 2 cores the reads and the resume are what to look at; a
 decode's cost per step depends on the cores a host has.
@@ -22,6 +25,7 @@ decode's cost per step depends on the cores a host has.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -164,6 +168,58 @@ def step_rows(path: Path, steps: int, progress) -> list[dict]:
     return rows
 
 
+def format_rows(out: Path, count: int, size: int, progress) -> list[dict]:
+    """Random access to `count` records of `size` random bytes: a record set against the same
+    records in ArrayRecord (one record per chunk, no read-ahead: its random-access setting),
+    read in 1,000 batches of 64 random indices (the best of 3 passes, the files cached)."""
+    import numpy as np
+
+    import tfdist
+    from tfdist.data.records import write_records
+
+    progress(f"bench: input: {count:,} records of {size:,} bytes, read at random")
+    rng = np.random.default_rng(0)
+    records = [rng.bytes(size) for _ in range(count)]
+    batches = [rng.integers(0, count, 64) for _ in range(1_000)]
+    folder = Path(tempfile.mkdtemp(prefix="formats-", dir=out))
+    began = time.perf_counter()
+    write_records(folder / "records", {"train": records}, {})
+    written = time.perf_counter() - began
+    source = tfdist.data.RecordSource(folder / "records")
+    readers = {"record set (TFRecord with an index)": (
+        source.read, written, sum(f.stat().st_size for f in (folder / "records").iterdir()))}
+    try:
+        from array_record.python import array_record_module
+    except ImportError:
+        progress("bench: input: array-record is not installed (pip install array-record): "
+                 "the record set alone")
+    else:
+        path = folder / "records.array_record"
+        began = time.perf_counter()
+        writer = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
+        for record in records:
+            writer.write(record)
+        writer.close()
+        reader = array_record_module.ArrayRecordReader(str(path), "readahead_buffer_size:0")
+        readers["ArrayRecord"] = (lambda ids: reader.read(ids.tolist()),
+                                  time.perf_counter() - began, path.stat().st_size)
+    rows = []
+    for name, (read, written, size_bytes) in readers.items():
+        if read(batches[0])[3] != records[batches[0][3]]:
+            raise RuntimeError(f"{name} read back another record than was written")
+        passes = []
+        for _ in range(3):
+            began = time.perf_counter()
+            for ids in batches:
+                read(ids)
+            passes.append(time.perf_counter() - began)
+        rows.append({"kind": "format", "format": name, "record_bytes": size,
+                     "records": count, "per_s": 64 * len(batches) / min(passes),
+                     "write_s": written, "mb": size_bytes / 1e6})
+    shutil.rmtree(folder)
+    return rows
+
+
 def run_input(quick: bool, out: str) -> dict:
     """Runs the suite; writes OUT/input.md, .json and .png."""
     from tfdist.tools.bench import plots
@@ -179,7 +235,8 @@ def run_input(quick: bool, out: str) -> dict:
     workers, starts = ((1, 2), (0, 1_000)) if quick else ((1, 2, 4), (0, 1_000, 10_000))
     epochs = 3 if quick else EPOCHS
     rows = (read_rows(path, workers, epochs, progress) + resume_rows(path, starts, progress)
-            + step_rows(path, 30 if quick else 100, progress))
+            + step_rows(path, 30 if quick else 100, progress)
+            + format_rows(out_dir, 5_000 if quick else 100_000, 3_072, progress))
     result = {**stamp(command), "batch": BATCH, "epochs": epochs, "rows": rows}
     table = page_table(result)
     (out_dir / "input.md").write_text(f"Command: `{command}`\n\n{table}\n")
@@ -209,7 +266,16 @@ def page_table(result: dict) -> str:
     step = ["| input | median step | decode per record |", "|---|---:|---:|"]
     step += [f"| {r['input']} | {r['step_ms']:.1f} ms | {_ms(r['decode_ms_per_record'])} |"
              for r in rows if r["kind"] == "step"]
+    formats = ["| format | random records/s | write | on disk |", "|---|---:|---:|---:|"]
+    formats += [f"| {r['format']} | {r['per_s']:,.0f} | {r['write_s']:.2f} s | {r['mb']:.1f} MB |"
+                for r in rows if r["kind"] == "format"]
+    if len(formats) > 2:
+        r = next(r for r in rows if r["kind"] == "format")
+        formats = ["", f"Random access to {r['records']:,} records of {r['record_bytes']:,} "
+                   "bytes (batches of 64 random indices):", "", *formats]
+    else:
+        formats = []
     return "\n".join([f"Each worker's reads ({result['epochs']} epochs of the digits record set, "
                       f"global batch {result['batch']}):", "", *reads, "",
                       "A resumed run's first batch:", "", *resume, "",
-                      "One device's training step (the digits MLP):", "", *step])
+                      "One device's training step (the digits MLP):", "", *step, *formats])

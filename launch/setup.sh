@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up tfdist on a fresh machine: a virtual environment in .venv with tfdist and its
 # dependencies; with --horovod also Horovod built against that TensorFlow; with --dev the test
-# and lint tools and, as root with apt, the test services (iproute2, SLURM and munge). Idempotent: run it again and it only does what is missing.
+# and lint tools and, as root with apt, the test services (iproute2, SLURM and munge, Chromium).
+# Idempotent: run it again and it only does what is missing.
 #
 # Usage: launch/setup.sh [--horovod] [--dev]      (from the repository root)
 # Env:   PYTHON (default python3.11, else python3), VENV (default .venv)
@@ -33,14 +34,16 @@ echo "setup: installing tfdist${extras:+ [$extras]} (TensorFlow 2.21, Keras 3.15
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
 
 # The test services: iproute2 (ip, tc) for the emulated cluster, SLURM (slurm-wlm, munge) for the
-# scheduler tests; installed where we may (root with apt), else those tests are skipped, saying why.
+# scheduler tests, a headless Chromium to lay out the docs site; installed where we may (root with
+# apt), else those tests are skipped, saying why.
 if [[ ",$extras," == *",dev,"* ]] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   wanted=()
   command -v tc >/dev/null || wanted+=(iproute2)
   command -v slurmctld >/dev/null || wanted+=(slurm-wlm)
   command -v munged >/dev/null || wanted+=(munge)
+  command -v chromium >/dev/null || wanted+=(chromium)
   if [ ${#wanted[@]} -gt 0 ]; then
-    echo "setup: installing ${wanted[*]} (the emulated cluster and the SLURM tests)"
+    echo "setup: installing ${wanted[*]} (the emulated cluster, SLURM and docs site tests)"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         "${wanted[@]}" >/dev/null) \
       || echo "setup: could not install ${wanted[*]}; the tests that need them will be skipped" >&2

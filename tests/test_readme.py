@@ -230,17 +230,81 @@ def test_every_benchmark_table_is_generated_from_a_result():
     assert not copied, f"tables outside a generated section: {copied}"
 
 
-def test_the_docs_site_builds_with_no_broken_link_or_reference(tmp_path):
-    """`mkdocs build --strict -f launch/mkdocs.yml`: every page, every link and anchor between
-    pages, and the API reference read from the docstrings, without a warning."""
-    import shutil
-
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """`mkdocs build --strict -f launch/mkdocs.yml` into a temporary directory: (the build's
+    result, the site's directory)."""
     mkdocs = shutil.which("mkdocs", path=os.path.dirname(sys.executable)) or shutil.which("mkdocs")
     if mkdocs is None:
         pytest.skip("mkdocs is not installed: pip install '.[docs]' (launch/setup.sh --dev does)")
-    out = subprocess.run([mkdocs, "build", "--strict", "-f", "launch/mkdocs.yml", "-d",
-                          str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**worker_env(), "NO_MKDOCS_2_WARNING": "1"})
-    assert out.returncode == 0, out.stderr[-4000:]
-    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run([mkdocs, "build", "--strict", "-f", "launch/mkdocs.yml", "-d",
+                            str(out)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**worker_env(), "NO_MKDOCS_2_WARNING": "1"})
+    return built, out
+
+
+def test_the_docs_site_builds_with_no_broken_link_or_reference(site):
+    """`mkdocs build --strict -f launch/mkdocs.yml`: every page, every link and anchor between
+    pages, and the API reference read from the docstrings, without a warning."""
+    built, out = site
+    assert built.returncode == 0, built.stderr[-4000:]
+    api = (out / "reference" / "api" / "index.html").read_text()
     assert "DistributedOptimizer" in api and "skip_also" in api  # read from the code
+
+
+# Loads every page of the site in a frame 1280 px wide and lists, per page, the tables wider
+# than the page's column: [table number, columns, table width, column width].
+_WIDE_TABLES = """<html><body><script>
+const pages = %s, found = {};
+let left = pages.length;
+for (const page of pages) {
+  const frame = document.createElement("iframe");
+  frame.width = 1280; frame.height = 1000;
+  frame.onload = () => {
+    const wide = [];
+    frame.contentDocument.querySelectorAll(".md-typeset table").forEach((table, i) => {
+      const column = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+      if (table.scrollWidth > column.clientWidth + 1)
+        wide.push([i, table.rows[0].cells.length, table.scrollWidth, column.clientWidth]);
+    });
+    found[page] = wide;
+    if (--left === 0) {
+      const said = document.createElement("pre");
+      said.textContent = "WIDE" + "=" + JSON.stringify(found) + "=END";
+      document.body.appendChild(said);
+    }
+  };
+  frame.src = "file://" + page;
+  document.body.appendChild(frame);
+}
+</script></body></html>"""
+
+
+def test_every_table_of_the_docs_site_fits_its_page_at_1280_px(site):
+    """Every page with a table, laid out by a headless Chromium in a window 1280 px wide: no
+    table is wider than the page's column (benchmark tables run to 14 columns; none needs
+    scrolling sideways to see its last)."""
+    import html
+
+    built, out = site
+    assert built.returncode == 0, built.stderr[-4000:]
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no headless browser: apt-get install chromium (launch/setup.sh --dev does "
+                    "as root)")
+    pages = [str(p) for p in sorted(out.rglob("index.html")) if "<table" in p.read_text()]
+    assert len(pages) > 10, pages
+    harness = out / "wide-tables.html"
+    harness.write_text(_WIDE_TABLES % json.dumps(pages))
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--allow-file-access-from-files", "--window-size=1400,1000",
+                          "--virtual-time-budget=60000", "--dump-dom", f"file://{harness}"],
+                         capture_output=True, text=True, timeout=240).stdout
+    said = re.search(r"WIDE=(\{.*?\})=END", html.unescape(dom))
+    assert said, dom[-2000:]
+    found = json.loads(said.group(1))
+    assert sorted(found) == sorted(pages)
+    wide = {Path(page).parent.relative_to(out).as_posix(): tables
+            for page, tables in found.items() if tables}
+    assert not wide, wide

@@ -4,6 +4,7 @@
     tfdist bench --suite SUITE [--quick] [--out DIR] ...
     tfdist info
     tfdist data convert --from npz|tfrecord|images|digits [INPUT ...] --out DIR [--shard-mb MB]
+    tfdist data serve dispatcher|worker --port PORT [--dispatcher HOST:PORT] [--address HOST]
     tfdist plan [--config PATH] [--parameters N --compute-ms MS] --workers N,... --link RATE ...
                 [--stragglers SLOW:SLOWDOWN[:SIGMA[:LATE_S]]]
 
@@ -31,7 +32,7 @@ COMMANDS = {
     "plan": "predict each algorithm's step time, bytes and memory per device on a cluster of "
             "8 to 1,024 workers, and recommend one",
     "data": "convert data to a record set (data.name: records): each worker reads only its "
-            "slice, a resume reads nothing twice",
+            "slice, a resume reads nothing twice; serve it through the tf.data service",
 }
 SUITES = {
     "engines": "step time of the tfdist engines against plain Keras + MirroredStrategy on one "
@@ -180,6 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="images: the size they decode to (default: the first image's)")
     convert.add_argument("--channels", type=int, default=3, choices=(1, 3),
                          help="images: 1 (grey) or 3 (RGB, the default)")
+    serve = data_sub.add_parser(
+        "serve", parents=[verbose], help="run a tf.data service dispatcher or data worker "
+        "(data.service: the trainers read batches decoded there)",
+        description="Runs TensorFlow's tf.data service dispatcher, or a data worker that "
+                    "reads and decodes for the trainers, until stopped. Its servers listen on "
+                    "every interface and check no secret: run them on a network only the job "
+                    "reaches (docs/security.md).")
+    serve.add_argument("role", choices=("dispatcher", "worker"))
+    serve.add_argument("--port", type=int, required=True, help="the port to serve on")
+    serve.add_argument("--dispatcher", metavar="HOST:PORT",
+                       help="worker: the dispatcher's address")
+    serve.add_argument("--address", metavar="HOST",
+                       help="worker: the host name or address trainers reach it at (default "
+                            "this host's name)")
 
     from tfdist.plan import DEFAULT_ALGORITHMS, SPEC_HELP
     from tfdist.plan.planner import ENGINES, PRECISIONS
@@ -615,12 +630,29 @@ def cmd_plan(args) -> int:
 
 def cmd_data(args) -> int:
     """`tfdist data convert`: a record set from arrays, TFRecord files, images or the digits set, with
-    a progress line per split; one line on a mistake (exit 2)."""
+    a progress line per split; `tfdist data serve`: a tf.data service server. One line on a
+    mistake (exit 2)."""
     import glob
 
     import numpy as np
 
     from tfdist import data
+
+    if args.data_command == "serve":
+        from tfdist.callbacks.channel import launcher_channel
+        from tfdist.data import service
+
+        launcher_channel().listen()  # under the launcher over ssh: ends when it goes
+        if not 1 <= args.port <= 65535:
+            print(f"tfdist data serve: --port must be in [1, 65535]. Received: {args.port}",
+                  file=sys.stderr)
+            return 2
+        try:
+            service.serve(args.role, args.port, args.dispatcher, args.address)
+        except service.ServiceError as e:
+            print(f"tfdist data serve: {e}", file=sys.stderr)
+            return 2
+        return 0
 
     progress = data.records.Progress()
     common = {"test_fraction": args.test_fraction, "seed": args.seed,

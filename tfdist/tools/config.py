@@ -143,6 +143,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "decode": Field(None, (str, type(None)), "'module.path:function' decoding one record "
                         "to (x, y) (data.name records of your own records), or null",
                         lambda v: v is None or bool(_FUNCTION.match(v))),
+        # records: read and decoded by the data workers of the tf.data service at this
+        # dispatcher (`tfdist data serve`, or python -m tfdist.launch --data-hosts).
+        "service": _text("the tf.data service dispatcher's host:port (data.name records), or "
+                         "null (each trainer reads its own slice)", None,
+                         lambda v: bool(re.fullmatch(r"(grpc://)?[^\s:/]+:\d{1,5}", v)),
+                         nullable=True),
+        "service_mode": Field("distributed_epoch", (str,), "distributed_epoch (every record "
+                              "once per pass across the trainers) or parallel_epochs (each "
+                              "trainer its own passes)",
+                              lambda v: v in ("distributed_epoch", "parallel_epochs"),
+                              choices=("distributed_epoch", "parallel_epochs")),
         "options": Field({}, (dict,), "a mapping of keyword arguments for your own data "
                          "function"),
         "global_batch_size": _int("an integer >= 1", lambda v: v >= 1, 64, most=2**24),
@@ -373,10 +384,13 @@ def _given_checks(raw: dict, c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append("data.path: data.name records reads a record set: give its directory "
                       "(written by `tfdist data convert`)")
     if c["data"]["name"] != "records":
-        for key in ("path", "decode"):
+        for key in ("path", "decode", "service"):
             if c["data"][key] is not None:
                 errors.append(f"data.{key}: only for data.name records; remove it, or set "
                               "data.name: records")
+    if given("data", "service_mode") and c["data"]["service"] is None:
+        errors.append("data.service_mode: only with data.service (the tf.data service's "
+                      "dispatcher); remove it, or give data.service")
     return errors
 
 

@@ -267,6 +267,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                   grace: float = PREEMPTION_GRACE,
                   on_start: Callable[[int, subprocess.Popen], None] | None = None,
                   servers: frozenset[int] = frozenset(),
+                  helpers: frozenset[int] = frozenset(),
                   ) -> list[WorkerResult]:
     """Runs the commands concurrently; returns when all end, one fails, or `timeout` passes.
 
@@ -291,6 +292,9 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
             started again, and a process still running (a worker declared lost that came back)
             gets `JOB_OVER_GRACE` seconds to hear it from the servers and exit, then is stopped
             and counted as done.
+        helpers: Processes that serve the others until they end (the tf.data service): not
+            waited for, stopped once every other process has ended; one that exits is said in
+            one line (and stops the job only if it is in `stop_on_failure`).
     """
     procs: list[subprocess.Popen] = []
     over: set[int] = set()  # stopped because the servers had finished the job
@@ -357,6 +361,12 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                                   file=sys.stderr, flush=True)
                             over.add(i)
                     break
+                for i in helpers:
+                    if codes[i] is not None and i not in ended:
+                        label = labels[i] if labels else f"worker {i}"
+                        print(f"[launch] {label} {WorkerResult(i, codes[i], '').describe()}"
+                              + ("" if i in critical else "; the job goes on without it"),
+                              file=sys.stderr, flush=True)
                 for i, c in enumerate(codes):
                     if c not in (None, 0) and i in restartable and restarts < max_restarts \
                             and failed_at is None and over_at is None:
@@ -369,7 +379,7 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                         codes[i] = None
                     if codes[i] is not None:
                         ended.setdefault(i, time.monotonic())
-                if all(c is not None for c in codes):
+                if all(c is not None for i, c in enumerate(codes) if i not in helpers):
                     break
                 if failed_at is not None and time.monotonic() - failed_at > 10:
                     break
@@ -403,6 +413,7 @@ def lost_workers(results: list[WorkerResult]) -> list[WorkerResult]:
 
 
 DEFAULT_PORT = 23456
+DATA_PORT = 5050  # the tf.data service's dispatcher (--data-hosts); its data workers next
 JOB_OVER_GRACE = 20.0  # seconds a worker may run on after the parameter servers finished
 DEFAULT_SSH = "ssh -tt -o BatchMode=yes"
 RESIZE_EXIT = 75  # tfdist.callbacks.RESIZE_EXIT: every worker asks to be run at another size
@@ -688,22 +699,48 @@ def host_commands(argv: list[str], hosts: list[tuple[str, int]], port: int = DEF
             if is_local(host):
                 commands.append((argv, {**local, "TF_CONFIG": config}))
             else:
-                passed = {k: v for k, v in base.items()
-                          if k.startswith(("TF_", "TFDIST_", "PYTHON"))
-                          and k not in ("TF_CONFIG", SECRET_ENV)}
-                passed[NOTICES_ENV] = "stdin"  # a signal to ssh would not reach it
-                if base.get(SECRET_ENV):
-                    passed[SECRET_FILE_ENV] = remote_secret_file(base[SECRET_ENV])
-                exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in
-                                   sorted({**passed, "TF_CONFIG": config}.items()))
-                if slots > 1 and THREADS_ENV not in passed:  # that host's cores, shared
-                    exports += (f" {THREADS_ENV}=$(( $(nproc) / {slots} > 1 ? "
-                                f"$(nproc) / {slots} : 1 ))")
-                remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
-                          f"{' '.join(shlex.quote(a) for a in argv)}")
-                commands.append(([*shlex.split(ssh), host, remote], {**base, NOTICES_ENV: "stdin"}))
+                commands.append(remote_command(argv, host, base, ssh, {"TF_CONFIG": config},
+                                               slots))
             rank += 1
     return commands
+
+
+def remote_command(argv: list[str], host: str, base: dict[str, str], ssh: str,
+                   extra: dict[str, str] | None = None, slots: int = 1
+                   ) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) running `argv` on `host` through `ssh`, in this working directory,
+    with the TF_/TFDIST_/PYTHON variables of `base` and `extra`; the job's secret as a file
+    (`remote_secret_file`), never on the command line; notices on standard input (a signal to
+    ssh would not reach the process); `slots` processes sharing the host's cores."""
+    passed = {k: v for k, v in base.items()
+              if k.startswith(("TF_", "TFDIST_", "PYTHON")) and k not in ("TF_CONFIG", SECRET_ENV)}
+    passed[NOTICES_ENV] = "stdin"
+    if base.get(SECRET_ENV):
+        passed[SECRET_FILE_ENV] = remote_secret_file(base[SECRET_ENV])
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted({**passed, **(extra or {})}
+                                                                  .items()))
+    if slots > 1 and THREADS_ENV not in passed:  # that host's cores, shared
+        exports += f" {THREADS_ENV}=$(( $(nproc) / {slots} > 1 ? $(nproc) / {slots} : 1 ))"
+    remote = (f"cd {shlex.quote(os.getcwd())} && env {exports} "
+              f"{' '.join(shlex.quote(a) for a in argv)}")
+    return [*shlex.split(ssh), host, remote], {**base, NOTICES_ENV: "stdin"}
+
+
+def data_service_commands(hosts: list[str], port: int, ssh: str = DEFAULT_SSH,
+                          env: dict[str, str] | None = None
+                          ) -> tuple[list[tuple[list[str], dict[str, str]]], str]:
+    """The tf.data service of a job: (argv, environment) of its dispatcher (on the first of
+    `hosts`, at `port`) and of a data worker on each host (at port + 1 + i), and the
+    dispatcher's address for the trainers' data.service."""
+    base = dict(os.environ if env is None else env)
+    dispatcher = f"{hosts[0]}:{port}"
+    serve = [sys.executable, "-m", "tfdist.tools.cli", "data", "serve"]
+    roles = [[*serve, "dispatcher", "--port", str(port)]]
+    roles += [[*serve, "worker", "--port", str(port + 1 + i), "--dispatcher", dispatcher,
+               "--address", host] for i, host in enumerate(hosts)]
+    commands = [(argv, base) if is_local(host) else remote_command(argv, host, base, ssh)
+                for argv, host in zip(roles, [hosts[0], *hosts], strict=True)]
+    return commands, dispatcher
 
 
 def remote_secret_file(secret: str) -> str:
@@ -811,6 +848,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", type=int, default=0,
                    help="parameter-server tasks: with --workers, this many more local "
                         "processes; with hosts, the first slots")
+    data = p.add_argument_group("tf.data service (decoding off the trainers; `tfdist train` "
+                                "with data.name records)")
+    data.add_argument("--data-hosts", metavar="HOST,...",
+                      help="hosts that read and decode for the trainers: a data worker on each, "
+                           "the dispatcher on the first; the trainers get data.service")
+    data.add_argument("--data-port", type=int, default=DATA_PORT,
+                      help=f"the dispatcher's port (the data workers take the next ones; "
+                           f"default {DATA_PORT})")
     elastic = p.add_argument_group("elastic TF_CONFIG workers (with --workers or --hostfile)")
     elastic.add_argument("--elastic", action="store_true",
                          help="restart on the workers left when workers fail (tfdist train "
@@ -845,6 +890,27 @@ def _parser() -> argparse.ArgumentParser:
     hvd.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker command")
     return p
+
+
+def _data_service(command: list[str], args, env: dict[str, str]):
+    """(the tf.data service's commands, the dispatcher's address) for --data-hosts; said in
+    one line."""
+    if not any(a.endswith(("tfdist", "tfdist.tools.cli")) for a in command) or \
+            "train" not in command:
+        raise ValueError("--data-hosts starts a tf.data service for `tfdist train` (it adds "
+                         "--set data.service=...); for a script of your own, start the servers "
+                         "with `tfdist data serve` and give it their address")
+    if not 1 <= args.data_port <= 65535 - 256:
+        raise ValueError(f"--data-port must be in [1, 65279]. Received: {args.data_port}")
+    hosts = [h.strip() for h in args.data_hosts.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("--data-hosts: give at least one host")
+    commands, dispatcher = data_service_commands(  # no secret: TensorFlow's servers take none
+        hosts, args.data_port, args.ssh, {k: v for k, v in env.items() if k != SECRET_ENV})
+    print(f"[launch] tf.data service: dispatcher at {dispatcher}, data workers on "
+          f"{', '.join(hosts)}; the trainers read through it (data.service={dispatcher})",
+          file=sys.stderr, flush=True)
+    return commands, dispatcher
 
 
 def _horovod_slurm_task(rank: int, addresses: list[str], command: list[str],
@@ -931,6 +997,9 @@ def main(argv: list[str] | None = None) -> int:
         return _become_slurm_task(parser, args, command)
     if args.requeue:
         parser.error("--requeue is for SLURM jobs: use it with --slurm")
+    if args.data_hosts and (args.horovod or args.elastic):
+        parser.error("--data-hosts starts a tf.data service for TF_CONFIG workers (--workers or "
+                     "--hosts); it does not combine with --horovod or --elastic")
     try:
         hosts = (parse_hosts(args.hosts) if args.hosts else
                  read_hostfile(args.hostfile) if args.hostfile else None)
@@ -987,6 +1056,10 @@ def main(argv: list[str] | None = None) -> int:
             if hosts is not None and sum(n for _, n in hosts) <= args.ps:
                 raise ValueError(f"--ps {args.ps} leaves no slot of the hosts for a worker")
             env = with_secret(dict(os.environ))
+            service = []
+            if args.data_hosts:
+                service, dispatcher = _data_service(command, args, env)
+                command = [*command, "--set", f"data.service={dispatcher}"]
             commands = host_commands(
                 command, hosts or [("127.0.0.1", args.workers + args.ps)],
                 port, args.ssh,
@@ -997,19 +1070,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     labels = ([f"ps {i}" for i in range(args.ps)] +
               [f"worker {i}" for i in range(len(commands) - args.ps)]) if args.ps else None
+    trainers = len(commands)
+    if args.data_hosts:
+        labels = (labels or [f"worker {i}" for i in range(trainers)]) + [
+            "data dispatcher", *(f"data worker {i}" for i in range(len(service) - 1))]
+        commands = commands + service
     deadline, restarts = time.monotonic() + args.timeout, 0
     while True:
         try:
             results = run_processes(commands, max(1.0, deadline - time.monotonic()), echo=True,
                                     labels=labels,
-                                    stop_on_failure=frozenset(range(args.ps)) if args.ps
-                                    else True,
-                                    restartable=frozenset(range(args.ps, len(commands))),
+                                    stop_on_failure=frozenset(  # the dispatcher's too
+                                        range(args.ps) if args.ps else
+                                        range(min(trainers + 1, len(commands)))),
+                                    restartable=frozenset(range(args.ps, trainers)),
                                     max_restarts=args.max_restarts if args.ps else 0,
-                                    servers=frozenset(range(args.ps)))
+                                    servers=frozenset(range(args.ps)),
+                                    helpers=frozenset(range(trainers, len(commands))))
         except CommandNotFound as e:
             print(f"[launch] {e.strerror}", file=sys.stderr)
             return 127
+        results = results[:trainers]  # the data service's servers were stopped with the job
         if any(r.returncode == PREEMPTED_EXIT for r in results):
             return _preempted(results, labels)
         again = _restart_reason(results, labels) if not args.ps and not args.horovod else None

@@ -33,6 +33,7 @@ from tfdist.data import (
 )
 from tfdist.data.records import default_decoder
 from tfdist.data.records import test_batches as record_test_batches
+from tfdist.data.service import ServiceError, check_dispatcher, service_batches
 from tfdist.optimizers import chain_of
 from tfdist.tools.errors import ConfigError
 from tfdist.tools.models import MODELS, build_model
@@ -181,6 +182,8 @@ class Data:
     sharded: Any = None
     name: str = ""  # data.name, for what is said about it
     label_shape: tuple | None = None  # records: one example's label, as decoded
+    # records through the tf.data service: (the dispatcher's host:port, the processing mode)
+    service: tuple[str, str] | None = None
 
     def label_rank(self) -> int | None:
         """The dimensions of a batch of labels (None: not known before they are read)."""
@@ -213,6 +216,10 @@ class Data:
         sequence of global batches every worker draws alike is a pure function of the seed and
         the epoch (a dataset of your own keeps its own order); a record set is read only where
         the slice is."""
+        if self.records and self.service:  # read and decoded by the data workers
+            dispatcher, mode = self.service
+            return service_batches(self.train.files, batch_size // count, self._shaped(),
+                                   dispatcher, mode, seed)
         if self.records:
             return record_batches(self.train, batch_size, seed, self._shaped(), (index, count),
                                   start=start)
@@ -291,7 +298,19 @@ def _records(d: dict[str, Any]) -> Data:
     classes = train.meta.get("num_classes", d["num_classes"])
     if not y.dtype.is_integer:
         classes = None  # regression targets
-    return Data(train, test, shape, classes, decode, label_shape=tuple(y.shape))
+    service = None
+    if d["service"] is not None:
+        try:
+            check_dispatcher(d["service"])
+        except ServiceError as e:
+            raise ConfigError(str(e)) from None
+        service = (d["service"], d["service_mode"])
+        print(f"[tfdist] data: the tf.data service at {d['service']} reads and decodes the "
+              f"records ({d['service_mode']}); its batches are not a local reading's, and a "
+              "resume goes on from the records not yet handed out (docs/guides/data.md)",
+              file=sys.stderr, flush=True)
+    return Data(train, test, shape, classes, decode, label_shape=tuple(y.shape),
+                service=service)
 
 
 def load_data(c: dict[str, Any]) -> Data:

@@ -1,0 +1,191 @@
+"""Decoding off the trainers (`data.service`, `python -m tfdist.launch --data-hosts`): 4 emulated
+hosts that share nothing but the network and the record set's directory, 2 trainers (TF_CONFIG
+workers) and 2 data hosts running the tf.data service's dispatcher and data workers, started
+and stopped by the launcher. Every record the job decodes leaves a trace on the host that
+decoded it (`tests/workers/counted_decode.py`), so the test counts where the decoding ran."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, worker_env
+from tfdist.tools import emulated
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc") or not shutil.which("nsenter"),
+                       reason="needs root, iproute2 and nsenter for the emulated hosts"),
+]
+
+SSH = f"{sys.executable} {emulated.__file__} ssh"
+TRAINERS, DATA = (0, 1), (2, 3)  # the hosts of each role
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """4 share-nothing hosts; `shared` (the only directory they all see) holds the digits
+    record set; each host has an empty /tmp/decoded for the traces."""
+    shared = tmp_path_factory.mktemp("shared")
+    subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "data", "convert", "--from",
+                    "digits", "--out", str(shared / "digits")], check=True, cwd=ROOT,
+                   env=worker_env(), capture_output=True, timeout=120)
+    with emulated.EmulatedCluster(4, "1gbit", shared=[shared]) as cluster:
+        yield cluster, shared
+
+
+def _clear_traces(cluster) -> None:
+    for host in range(4):
+        subprocess.run(cluster.command(host, ["sh", "-c", "rm -rf /tmp/decoded && mkdir "
+                                              "/tmp/decoded"]), check=True, timeout=30)
+
+
+def _traces(cluster, host: int) -> collections.Counter:
+    """How many times each record (by fingerprint) was decoded on `host`."""
+    names = subprocess.run(cluster.command(host, ["ls", "/tmp/decoded"]), check=True,
+                           capture_output=True, text=True, timeout=60).stdout.split()
+    return collections.Counter(name.split("-")[0] for name in names)
+
+
+def _fingerprints(path) -> dict[str, collections.Counter]:
+    """Each split's records by fingerprint, as the decode function names its traces."""
+    import tensorflow as tf
+
+    from tests.workers.counted_decode import fingerprint
+    from tfdist.data import RecordSource
+
+    out = {}
+    for split in ("train", "test"):
+        source = RecordSource(path, split)
+        records = source.read(range(len(source)))
+        out[split] = collections.Counter(fingerprint(tf.constant(records)).numpy().astype(str))
+    return out
+
+
+def _command(cluster, shared, out, *, service: bool, extra=()) -> list[str]:
+    trainers = ",".join(cluster.addresses[h] for h in TRAINERS)
+    where = ["--hosts", trainers, "--ssh", SSH, "--timeout", "400"]
+    if service:
+        where += ["--data-hosts", ",".join(cluster.addresses[h] for h in DATA)]
+    return [sys.executable, "-m", "tfdist.launch", *where, "--", sys.executable, "-m",
+            "tfdist.tools.cli", "train", "--set", "engine.name=multi_worker",
+            "--set", "data.name=records", "--set", f"data.path={shared / 'digits'}",
+            "--set", "data.decode=tests.workers.counted_decode:decode",
+            "--set", f"train.output_dir={out}", "--set", "train.verbose=0", *extra]
+
+
+def _summary(out) -> dict:
+    (summary,) = out.glob("*/summary.json")
+    return json.loads(summary.read_text())
+
+
+def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(hosts):
+    """3 epochs of the digits record set on 2 trainers, read locally, then through the
+    service on the 2 data hosts: the same accuracy band; the trainer hosts decode no training
+    record but record 0 (read to check the decode function before training) and the test
+    split; the data hosts decode every training record in passes (no record read a third time
+    before every other was read twice) and at least the records the job trained on; both data
+    hosts take part; every server is gone after the job."""
+    cluster, shared = hosts
+    records = _fingerprints(shared / "digits")
+    runs = {}
+    for service in (False, True):
+        _clear_traces(cluster)
+        out = shared / ("service" if service else "local")
+        done = subprocess.run(_command(cluster, shared, out, service=service,
+                                       extra=("--set", "train.epochs=3")),
+                              cwd=ROOT, env=worker_env(), capture_output=True, text=True,
+                              timeout=450)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[service] = (_summary(out), [_traces(cluster, h) for h in range(4)], done.stderr)
+    local, service = runs[False][0], runs[True][0]
+    assert abs(service["test_accuracy"] - local["test_accuracy"]) <= 0.04, (service, local)
+    assert service["test_accuracy"] >= 0.9
+
+    traces, said = runs[True][1], runs[True][2]
+    assert f"[launch] tf.data service: dispatcher at {cluster.addresses[DATA[0]]}:5050" in said
+    train, test = records["train"], records["test"]
+    for host in TRAINERS:
+        decoded = traces[host]
+        trained_here = sum(n for key, n in decoded.items() if key in train and key not in test)
+        assert trained_here <= 1, (host, trained_here)  # record 0, before training
+        assert sum(decoded.values()) <= 1 + 2 * sum(test.values())  # and the test split
+    on_data = traces[DATA[0]] + traces[DATA[1]]
+    assert all(sum(traces[h].values()) > 0 for h in DATA), [len(traces[h]) for h in DATA]
+    counts = [on_data[key] for key in train]
+    trained = service["steps"] * 64
+    assert min(counts) >= 1 and max(counts) - min(counts) <= 2, collections.Counter(counts)
+    assert sum(counts) >= trained
+    left = [line for host in range(4) for line in subprocess.run(
+        cluster.command(host, ["pgrep", "-af", "tfdist.tools.cli"]), capture_output=True,
+        text=True).stdout.splitlines()]
+    assert left == []
+
+
+def test_a_data_worker_killed_mid_epoch_leaves_the_job_to_the_other(hosts):
+    """A data worker SIGKILLed in epoch 2 of 4: the launcher says so in one line, the trainers
+    go on reading from the other data worker, and the job exits 0 with its summary."""
+    cluster, shared = hosts
+    _clear_traces(cluster)
+    out = shared / "killed"
+    launcher = subprocess.Popen(
+        _command(cluster, shared, out, service=True,
+                 extra=("--set", "train.epochs=4", "--set", "train.verbose=2",
+                        "--set", "model.name=tests.workers.slow_model:build")),
+        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        for line in launcher.stdout:
+            if "Epoch 2/4" in line:
+                break
+        else:
+            pytest.fail(f"the job ended before epoch 2: {launcher.communicate()[1][-3000:]}")
+        on_host = set(subprocess.run(["ip", "netns", "pids", cluster.namespaces[DATA[1]]],
+                                     capture_output=True, text=True).stdout.split())
+        workers = set(subprocess.run(["pgrep", "-f", "data serve worker"], capture_output=True,
+                                     text=True).stdout.split())
+        victim = [pid for pid in on_host & workers  # the worker, not the shell ssh runs it in
+                  if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] != b"sh"]
+        assert len(victim) == 1, (on_host, workers)
+        os.kill(int(victim[0]), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err[-3000:]
+    assert re.search(r"\[launch\] data worker 1 (was killed by SIGKILL \(signal 9\)|exited with "
+                     r"137); the job goes on without it\n", err), err[-3000:]
+    assert "Traceback" not in err
+    assert _summary(out)["steps"] > 0 and time.monotonic() - killed < 300
+
+
+def test_a_dispatcher_nobody_answers_stops_the_run_before_training_in_one_line(tmp_path):
+    """data.service naming an address where nothing listens: exit 2 with one line naming the
+    address, before any step."""
+    from tfdist.tools.launch import free_ports
+
+    subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "data", "convert", "--from",
+                    "digits", "--out", str(tmp_path / "digits")], check=True, cwd=ROOT,
+                   env=worker_env(), capture_output=True, timeout=120)
+    (port,) = free_ports(1)
+    done = subprocess.run([sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+                           "data.name=records", "--set", f"data.path={tmp_path / 'digits'}",
+                           "--set", f"data.service=127.0.0.1:{port}", "--set",
+                           f"train.output_dir={tmp_path / 'out'}"], cwd=ROOT, env=worker_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "127.0.0.1" in line]
+    assert len(lines) == 1 and f"no tf.data dispatcher answers at 127.0.0.1:{port}" in lines[0]
+    assert "Traceback" not in done.stderr and "Epoch 1" not in done.stdout

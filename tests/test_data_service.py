@@ -92,45 +92,52 @@ def _summary(out) -> dict:
 
 def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(hosts):
     """3 epochs of the digits record set on 2 trainers, read locally, then through the
-    service on the 2 data hosts: the same accuracy band; the trainer hosts decode no training
-    record but record 0 (read to check the decode function before training) and the test
-    split; the data hosts decode every training record in passes (no record read a third time
-    before every other was read twice) and at least the records the job trained on; both data
-    hosts take part; every server is gone after the job."""
+    service on the 2 data hosts in each mode: the same accuracy band; the trainer hosts decode
+    no training record but record 0 (read to check the decode function before training) and
+    the test split; both data hosts take part, and together they decode at least the records
+    the job trained on. distributed_epoch: they split each pass, so the job reads every
+    record once a pass (no record read a third time before every other was read twice);
+    parallel_epochs: each data host reads every record. Every server is gone after each job."""
     cluster, shared = hosts
     records = _fingerprints(shared / "digits")
-    runs = {}
-    for service in (False, True):
-        _clear_traces(cluster)
-        out = shared / ("service" if service else "local")
-        done = subprocess.run(_command(cluster, shared, out, service=service,
-                                       extra=("--set", "train.epochs=3")),
-                              cwd=ROOT, env=worker_env(), capture_output=True, text=True,
-                              timeout=450)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        runs[service] = (_summary(out), [_traces(cluster, h) for h in range(4)], done.stderr)
-    local, service = runs[False][0], runs[True][0]
-    assert abs(service["test_accuracy"] - local["test_accuracy"]) <= 0.04, (service, local)
-    assert service["test_accuracy"] >= 0.9
-
-    traces, said = runs[True][1], runs[True][2]
-    assert f"[launch] tf.data service: dispatcher at {cluster.addresses[DATA[0]]}:5050" in said
     train, test = records["train"], records["test"]
-    for host in TRAINERS:
-        decoded = traces[host]
-        trained_here = sum(n for key, n in decoded.items() if key in train and key not in test)
-        assert trained_here <= 1, (host, trained_here)  # record 0, before training
-        assert sum(decoded.values()) <= 1 + 2 * sum(test.values())  # and the test split
-    on_data = traces[DATA[0]] + traces[DATA[1]]
-    assert all(sum(traces[h].values()) > 0 for h in DATA), [len(traces[h]) for h in DATA]
-    counts = [on_data[key] for key in train]
-    trained = service["steps"] * 64
-    assert min(counts) >= 1 and max(counts) - min(counts) <= 2, collections.Counter(counts)
-    assert sum(counts) >= trained
-    left = [line for host in range(4) for line in subprocess.run(
-        cluster.command(host, ["pgrep", "-af", "tfdist.tools.cli"]), capture_output=True,
-        text=True).stdout.splitlines()]
-    assert left == []
+    local = None
+    for mode in (None, "distributed_epoch", "parallel_epochs"):
+        _clear_traces(cluster)
+        out = shared / (mode or "local")
+        extra = ("--set", "train.epochs=3") + (("--set", f"data.service_mode={mode}")
+                                                if mode else ())
+        done = subprocess.run(_command(cluster, shared, out, service=mode is not None,
+                                       extra=extra), cwd=ROOT, env=worker_env(),
+                              capture_output=True, text=True, timeout=450)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        summary, traces = _summary(out), [_traces(cluster, h) for h in range(4)]
+        left = [line for host in range(4) for line in subprocess.run(
+            cluster.command(host, ["pgrep", "-af", "tfdist.tools.cli"]), capture_output=True,
+            text=True).stdout.splitlines()]
+        assert left == []
+        if mode is None:
+            local = summary
+            continue
+        assert abs(summary["test_accuracy"] - local["test_accuracy"]) <= 0.04, (summary, local)
+        assert summary["test_accuracy"] >= 0.9
+        assert f"[launch] tf.data service: dispatcher at {cluster.addresses[DATA[0]]}:5050" \
+            in done.stderr
+        for host in TRAINERS:
+            decoded = traces[host]
+            trained_here = sum(n for key, n in decoded.items() if key in train and key not in test)
+            assert trained_here <= 1, (mode, host, trained_here)  # record 0, before training
+            assert sum(decoded.values()) <= 1 + 2 * sum(test.values())  # and the test split
+        on_data = traces[DATA[0]] + traces[DATA[1]]
+        assert all(sum(traces[h].values()) > 0 for h in DATA), [len(traces[h]) for h in DATA]
+        counts = [on_data[key] for key in train]
+        assert sum(counts) >= summary["steps"] * 64
+        if mode == "distributed_epoch":
+            assert min(counts) >= 1 and max(counts) - min(counts) <= 2, \
+                collections.Counter(counts)
+        else:
+            for host in DATA:
+                assert all(traces[host][key] >= 1 for key in train), host
 
 
 def test_a_data_worker_killed_mid_epoch_leaves_the_job_to_the_other(hosts):
@@ -189,3 +196,4 @@ def test_a_dispatcher_nobody_answers_stops_the_run_before_training_in_one_line(t
     lines = [line for line in done.stderr.splitlines() if "127.0.0.1" in line]
     assert len(lines) == 1 and f"no tf.data dispatcher answers at 127.0.0.1:{port}" in lines[0]
     assert "Traceback" not in done.stderr and "Epoch 1" not in done.stdout
+

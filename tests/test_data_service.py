@@ -73,9 +73,9 @@ def _fingerprints(path) -> dict[str, collections.Counter]:
     return out
 
 
-def _command(cluster, shared, out, *, service: bool, extra=()) -> list[str]:
+def _command(cluster, shared, out, *, service: bool, extra=(), launch=()) -> list[str]:
     trainers = ",".join(cluster.addresses[h] for h in TRAINERS)
-    where = ["--hosts", trainers, "--ssh", SSH, "--timeout", "400"]
+    where = ["--hosts", trainers, "--ssh", SSH, "--timeout", "400", *launch]
     if service:
         where += ["--data-hosts", ",".join(cluster.addresses[h] for h in DATA)]
     return [sys.executable, "-m", "tfdist.launch", *where, "--", sys.executable, "-m",
@@ -140,32 +140,45 @@ def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(ho
                 assert all(traces[host][key] >= 1 for key in train), host
 
 
-def test_a_data_worker_killed_mid_epoch_leaves_the_job_to_the_other(hosts):
-    """A data worker SIGKILLed in epoch 2 of 4: the launcher says so in one line, the trainers
-    go on reading from the other data worker, and the job exits 0 with its summary."""
+def _kill(cluster, host: int, role: str) -> None:
+    """SIGKILLs the data service's `role` ("dispatcher" or "worker") on emulated `host`."""
+    on_host = set(subprocess.run(["ip", "netns", "pids", cluster.namespaces[host]],
+                                 capture_output=True, text=True).stdout.split())
+    serving = set(subprocess.run(["pgrep", "-f", f"data serve {role}"], capture_output=True,
+                                 text=True).stdout.split())
+    victim = [pid for pid in on_host & serving  # the server, not the shell ssh runs it in
+              if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] != b"sh"]
+    assert len(victim) == 1, (on_host, serving)
+    os.kill(int(victim[0]), signal.SIGKILL)
+
+
+def _wait_for(launcher, line: str) -> None:
+    for text in launcher.stdout:
+        if line in text:
+            return
+    pytest.fail(f"the job ended before {line!r}: {launcher.communicate()[1][-3000:]}")
+
+
+def test_a_data_worker_then_the_dispatcher_killed_are_said_and_the_job_ends(hosts):
+    """Under `--max-restarts 1`, backups every 5 steps: a data worker SIGKILLed in epoch 2 of 4
+    is said in one line and the trainers go on reading from the other; the dispatcher
+    SIGKILLed in epoch 3 is said in one line, stops the job, and the launcher starts it again
+    (the data service too) from its last backup; the job exits 0."""
     cluster, shared = hosts
     _clear_traces(cluster)
     out = shared / "killed"
     launcher = subprocess.Popen(
-        _command(cluster, shared, out, service=True,
+        _command(cluster, shared, out, service=True, launch=("--max-restarts", "1"),
                  extra=("--set", "train.epochs=4", "--set", "train.verbose=2",
+                        "--set", "train.checkpoint_steps=5",
                         "--set", "model.name=tests.workers.slow_model:build")),
         cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        for line in launcher.stdout:
-            if "Epoch 2/4" in line:
-                break
-        else:
-            pytest.fail(f"the job ended before epoch 2: {launcher.communicate()[1][-3000:]}")
-        on_host = set(subprocess.run(["ip", "netns", "pids", cluster.namespaces[DATA[1]]],
-                                     capture_output=True, text=True).stdout.split())
-        workers = set(subprocess.run(["pgrep", "-f", "data serve worker"], capture_output=True,
-                                     text=True).stdout.split())
-        victim = [pid for pid in on_host & workers  # the worker, not the shell ssh runs it in
-                  if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] != b"sh"]
-        assert len(victim) == 1, (on_host, workers)
-        os.kill(int(victim[0]), signal.SIGKILL)
+        _wait_for(launcher, "Epoch 2/4")
+        _kill(cluster, DATA[1], "worker")
+        _wait_for(launcher, "Epoch 3/4")
+        _kill(cluster, DATA[0], "dispatcher")
         killed = time.monotonic()
         _, err = launcher.communicate(timeout=300)
     finally:
@@ -174,6 +187,13 @@ def test_a_data_worker_killed_mid_epoch_leaves_the_job_to_the_other(hosts):
     assert launcher.returncode == 0, err[-3000:]
     assert re.search(r"\[launch\] data worker 1 (was killed by SIGKILL \(signal 9\)|exited with "
                      r"137); the job goes on without it\n", err), err[-3000:]
+    assert re.search(r"\[launch\] data dispatcher (was killed by SIGKILL \(signal 9\)|exited "
+                     r"with 137); the job cannot be served without it and stops\n", err), \
+        err[-3000:]
+    assert re.search(r"\[launch\] data dispatcher (was killed by SIGKILL \(signal 9\)|exited "
+                     r"with 137): restarting every worker \(restart 1 of 1\); the job resumes "
+                     r"from its last backup", err), err[-3000:]
+    assert _summary(out)["resumed_from_step"] > 0
     assert "Traceback" not in err
     assert _summary(out)["steps"] > 0 and time.monotonic() - killed < 300
 

@@ -365,7 +365,8 @@ def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: flo
                     if codes[i] is not None and i not in ended:
                         label = labels[i] if labels else f"worker {i}"
                         print(f"[launch] {label} {WorkerResult(i, codes[i], '').describe()}"
-                              + ("" if i in critical else "; the job goes on without it"),
+                              + ("; the job cannot be served without it and stops" if i in critical
+                                 else "; the job goes on without it"),
                               file=sys.stderr, flush=True)
                 for i, c in enumerate(codes):
                     if c not in (None, 0) and i in restartable and restarts < max_restarts \
@@ -1080,7 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results = run_processes(commands, max(1.0, deadline - time.monotonic()), echo=True,
                                     labels=labels,
-                                    stop_on_failure=frozenset(  # the dispatcher's too
+                                    stop_on_failure=frozenset(  # and the data dispatcher
                                         range(args.ps) if args.ps else
                                         range(min(trainers + 1, len(commands)))),
                                     restartable=frozenset(range(args.ps, trainers)),
@@ -1090,10 +1091,12 @@ def main(argv: list[str] | None = None) -> int:
         except CommandNotFound as e:
             print(f"[launch] {e.strerror}", file=sys.stderr)
             return 127
-        results = results[:trainers]  # the data service's servers were stopped with the job
+        # the data service was stopped with the job; its dispatcher's end stops the job
+        served, results = results[:trainers + 1], results[:trainers]
         if any(r.returncode == PREEMPTED_EXIT for r in results):
             return _preempted(results, labels)
-        again = _restart_reason(results, labels) if not args.ps and not args.horovod else None
+        again = None if args.ps or args.horovod or all(r.returncode == 0 for r in results) \
+            else _restart_reason(served, labels)
         if again is None or restarts >= args.max_restarts or time.monotonic() >= deadline:
             break
         restarts += 1

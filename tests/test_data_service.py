@@ -62,8 +62,8 @@ def _fingerprints(path) -> dict[str, collections.Counter]:
     """Each split's records by fingerprint, as the decode function names its traces."""
     import tensorflow as tf
 
-    from tests.workers.counted_decode import fingerprint
     from tfdist.data import RecordSource
+    from tfdist.tools.bench.input import fingerprint
 
     out = {}
     for split in ("train", "test"):

@@ -14,6 +14,10 @@ comparisons, the same records read as a plain TFRecord pipeline, or as arrays in
 * step: the median training step of one device on arrays in memory, on the record set, and on
   the record set with a decode costing about 0.5 ms of CPU per record (an image's decode and
   augmentation): where the input, not the model, bounds the step;
+* service: 2 TF_CONFIG workers on the record set, reading it themselves and through the tf.data
+  service with 2 data workers (processes here): the training records decoded by the trainers
+  and by the data workers (each decode leaves a trace file where it ran, `traced`), and the
+  median step;
 * format: random batches of 64 records read from a record set (TFRecord files with an index of
   byte offsets) against the same records in ArrayRecord (Grain's format; measured where the
   `array-record` package is installed): records per second and the files' size.
@@ -220,6 +224,106 @@ def format_rows(out: Path, count: int, size: int, progress) -> list[dict]:
     return rows
 
 
+DIGITS = {"x": {"dtype": "float32", "shape": [8, 8, 1]}, "y": {"dtype": "int32", "shape": []}}
+
+
+def fingerprint(record):
+    """A record's fingerprint (a string tensor), as `traced` names its traces."""
+    import tensorflow as tf
+
+    return tf.strings.as_string(tf.strings.to_hash_bucket_fast(record, 2**62))
+
+
+def traced(decode, directory: str):
+    """`decode` that also leaves an empty file DIRECTORY/<fingerprint>-<random> for each record
+    it decodes, in the process that decodes it (TensorFlow ops only: it runs on the tf.data
+    service's data workers too); a relative DIRECTORY is the process's working directory's."""
+    import tensorflow as tf
+
+    def decode_traced(record):
+        name = tf.strings.join([directory, "/", fingerprint(record), "-", tf.strings.as_string(
+            tf.random.uniform([], 0, 2**62, tf.int64))])
+        with tf.control_dependencies([tf.io.write_file(name, "")]):
+            return tuple(tf.identity(t) for t in decode(record))
+
+    return decode_traced
+
+
+def traced_digits(record):
+    """data.decode of the suite's service rows: the digits record, traced in ./decoded."""
+    from tfdist.data.records import decode_example
+
+    return traced(decode_example(DIGITS), "decoded")(record)
+
+
+def _trained_traces(folder: Path, train: set[str]) -> int:
+    """Traces in FOLDER/decoded of training records (not the test split's)."""
+    return sum(1 for f in (folder / "decoded").iterdir() if f.name.split("-")[0] in train)
+
+
+def service_rows(path: Path, epochs: int, progress) -> list[dict]:
+    """2 TF_CONFIG workers on the record set, reading it themselves, then through a tf.data
+    service of a dispatcher and 2 data workers started here (their own working directory, so
+    their traces are apart): the training records each side decoded, and the median step."""
+    import shlex
+    import subprocess
+
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.tools.launch import free_ports, run_tf_workers
+
+    def fingerprints(split):
+        source = tfdist.data.RecordSource(path, split)
+        return set(fingerprint(tf.constant(source.read(range(len(source))))).numpy().astype(str))
+
+    train = fingerprints("train") - fingerprints("test")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tfdist-service-") as scratch:
+        for service in (False, True):
+            trainers, data = Path(scratch, f"trainers-{service}"), Path(scratch, "data")
+            for side in (trainers, data):
+                (side / "decoded").mkdir(parents=True, exist_ok=True)
+            servers, extra = [], []
+            if service:
+                port, *ports = free_ports(3)
+                serve = [sys.executable, "-m", "tfdist.tools.cli", "data", "serve"]
+                servers = [subprocess.Popen([*serve, "dispatcher", "--port", str(port)],
+                                            cwd=data, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)]
+                servers += [subprocess.Popen([*serve, "worker", "--port", str(p), "--dispatcher",
+                                              f"127.0.0.1:{port}", "--address", "127.0.0.1"],
+                                             cwd=data, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL) for p in ports]
+                extra = ["--set", f"data.service=127.0.0.1:{port}"]
+            name = "through the tf.data service" if service else "reading locally"
+            progress(f"bench: input: 2 TF_CONFIG workers, {epochs} epochs, {name}")
+            argv = [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+                    "engine.name=multi_worker", "--set", "data.name=records", "--set",
+                    f"data.path={path}", "--set",
+                    "data.decode=tfdist.tools.bench.input:traced_digits", "--set",
+                    "model.name=mlp", "--set", f"train.epochs={epochs}", "--set",
+                    f"train.output_dir={trainers}/out", "--set", "train.verbose=0", "--set",
+                    "train.save_model=false", *extra]
+            try:
+                results = run_tf_workers(["sh", "-c", f"cd {shlex.quote(str(trainers))} && "
+                                          f"exec {shlex.join(argv)}"], 2, 600)
+            finally:
+                for server in servers:
+                    server.kill()
+                    server.wait()
+            if any(r.returncode != 0 for r in results):
+                raise RuntimeError(f"the run {name} failed: {results[0].output[-2000:]}")
+            (summary,) = trainers.glob("out/*/summary.json")
+            s = json.loads(summary.read_text())
+            rows.append({"kind": "service", "input": name, "trained": s["steps"] * BATCH,
+                         "trainers_decoded": _trained_traces(trainers, train),
+                         "data_decoded": _trained_traces(data, train) if service else 0,
+                         "step_ms": s["step_ms_median"],
+                         "test_accuracy": s["test_accuracy"]})
+    return rows
+
+
 def run_input(quick: bool, out: str) -> dict:
     """Runs the suite; writes OUT/input.md, .json and .png."""
     from tfdist.tools.bench import plots
@@ -236,6 +340,7 @@ def run_input(quick: bool, out: str) -> dict:
     epochs = 3 if quick else EPOCHS
     rows = (read_rows(path, workers, epochs, progress) + resume_rows(path, starts, progress)
             + step_rows(path, 30 if quick else 100, progress)
+            + service_rows(path, epochs, progress)
             + format_rows(out_dir, 5_000 if quick else 100_000, 3_072, progress))
     result = {**stamp(command), "batch": BATCH, "epochs": epochs, "rows": rows}
     table = page_table(result)
@@ -266,6 +371,14 @@ def page_table(result: dict) -> str:
     step = ["| input | median step | decode per record |", "|---|---:|---:|"]
     step += [f"| {r['input']} | {r['step_ms']:.1f} ms | {_ms(r['decode_ms_per_record'])} |"
              for r in rows if r["kind"] == "step"]
+    service = ["| 2 TF_CONFIG workers | training records | decoded on the trainers | decoded on "
+               "the data workers | median step | test accuracy |",
+               "|---|---:|---:|---:|---:|---:|"]
+    service += [f"| {r['input']} | {r['trained']:,} | {r['trainers_decoded']:,} | "
+                f"{r['data_decoded']:,} | {r['step_ms']:.1f} ms | {r['test_accuracy']:.4f} |"
+                for r in rows if r["kind"] == "service"]
+    service = ["", "Decoding off the trainers (the tf.data service, 2 data workers):", "",
+               *service] if len(service) > 2 else []
     formats = ["| format | random records/s | write | on disk |", "|---|---:|---:|---:|"]
     formats += [f"| {r['format']} | {r['per_s']:,.0f} | {r['write_s']:.2f} s | {r['mb']:.1f} MB |"
                 for r in rows if r["kind"] == "format"]
@@ -278,4 +391,5 @@ def page_table(result: dict) -> str:
     return "\n".join([f"Each worker's reads ({result['epochs']} epochs of the digits record set, "
                       f"global batch {result['batch']}):", "", *reads, "",
                       "A resumed run's first batch:", "", *resume, "",
-                      "One device's training step (the digits MLP):", "", *step, *formats])
+                      "One device's training step (the digits MLP):", "", *step, *service,
+                      *formats])

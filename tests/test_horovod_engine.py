@@ -121,10 +121,10 @@ def test_the_cycle_time_is_set_for_hvd_init_and_refused_where_it_would_not_apply
     assert "HOROVOD_CYCLE_TIME" not in os.environ
 
 
-def test_an_all_reduce_of_several_tensors_reaches_horovod_as_one_buffer_per_dtype(monkeypatch):
-    """Packed (the default), a bucket of gradients is one Horovod tensor per dtype, so Horovod's
-    every-cycle negotiation tracks a tensor per bucket, not per gradient; unpacked, Horovod gets
-    the tensors themselves. Same sums either way (a fake Horovod of 2 equal ranks)."""
+def test_an_all_reduce_of_several_tensors_reaches_horovod_as_one_buffer_per_dtype():
+    """A bucket of gradients is one Horovod tensor per dtype, so Horovod's every-cycle
+    negotiation tracks a tensor per bucket, not per gradient; each tensor's sum comes back in
+    its shape and dtype (a fake Horovod of 2 equal ranks); one tensor goes as it is."""
     import tensorflow as tf
 
     from tfdist.comm import horovod as engine
@@ -140,23 +140,13 @@ def test_an_all_reduce_of_several_tensors_reaches_horovod_as_one_buffer_per_dtyp
 
     comm = object.__new__(engine.HorovodCommunicator)  # its collectives, without Horovod
     comm._hvd = TwoEqualRanks()
-    monkeypatch.setitem(engine._PACKING, "on", True)
     tensors = [tf.ones([2, 3]), tf.range(4, dtype=tf.float32), tf.ones([5], tf.float16),
                tf.fill([2, 2], 3.0)]
-    for pack, expected in ((True, [("float32", [14]), ("float16", [5])]),
-                           (False, [("float32", [2, 3]), ("float32", [4]), ("float16", [5]),
-                                    ("float32", [2, 2])])):
-        engine.set_packing(pack)
-        calls.clear()
-        out = comm._all_reduce(tensors, "sum")
-        assert calls == [expected]
-        for t, o in zip(tensors, out):
-            assert o.shape == t.shape and o.dtype == t.dtype
-            np.testing.assert_array_equal(o.numpy(), 2 * t.numpy())
-    engine.set_packing(True)
+    out = comm._all_reduce(tensors, "sum")
+    assert calls == [[("float32", [14]), ("float16", [5])]]
+    for t, o in zip(tensors, out, strict=True):
+        assert o.shape == t.shape and o.dtype == t.dtype
+        np.testing.assert_array_equal(o.numpy(), 2 * t.numpy())
     calls.clear()
     (alone,) = comm._all_reduce([tf.ones([3, 2])], "sum")  # one tensor goes as it is
     assert calls == [[("float32", [3, 2])]] and alone.shape == [3, 2]
-    for bad in ("yes", 1, None):
-        with pytest.raises(ValueError, match="pack: got"):
-            engine.set_packing(bad)

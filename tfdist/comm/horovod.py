@@ -15,26 +15,6 @@ from tfdist.comm.engine import Engine, register
 
 # This process's Horovod process set for each group size (created once, on every rank).
 _GROUP_SETS: dict[int, object] = {}
-# Whether an all-reduce of several tensors reaches Horovod packed (`set_packing`).
-_PACKING = {"on": True}
-
-
-def set_packing(on: bool) -> None:
-    """Whether this process's Horovod communicators hand Horovod an all-reduce of several
-    tensors as one flat buffer per dtype (True, the default) or as the tensors themselves,
-    which Horovod then negotiates one by one and fuses in its own buffer (False).
-    `tfdist.horovod.init(pack=...)` sets it."""
-    if not isinstance(on, bool):
-        raise ValueError(f"pack: got {on!r}; give True (one flat buffer per dtype) or False "
-                         "(Horovod's own fusion of the tensors)")
-    _PACKING["on"] = on
-
-
-def packing() -> bool:
-    """This process's `set_packing`."""
-    return _PACKING["on"]
-
-
 def import_horovod():
     """Returns `horovod.tensorflow`, or raises an ImportError that says how to get it."""
     try:
@@ -88,7 +68,7 @@ class HorovodCommunicator(Communicator):
     """Collectives through `horovod.tensorflow` ops (Gloo on CPU, NCCL on GPU builds).
 
     An all-reduce of several tensors (a bucket of gradients) goes to Horovod as one flat buffer
-    per dtype (`set_packing`): Horovod's background thread then negotiates, caches and tracks
+    per dtype: Horovod's background thread then negotiates, caches and tracks
     one tensor per bucket rather than one per gradient, work it repeats every cycle (1 ms) on
     every rank, and on hosts whose cores all compute that CPU time comes out of the step (the
     models benchmark measures both).
@@ -135,20 +115,14 @@ class HorovodCommunicator(Communicator):
 
     def _group_all_reduce(self, tensors, group_size, op):
         process_set = self._process_set(group_size)
-        return self._packed(tensors, lambda ts: self._hvd.grouped_allreduce(
+        return through_flat_buffers(tensors, lambda ts: self._hvd.grouped_allreduce(
             ts, op=self._op(op), process_set=process_set))
 
     def _op(self, op: str):
         return self._hvd.Sum if op == "sum" else self._hvd.Average
 
     def _all_reduce(self, tensors, op):
-        return self._packed(tensors, lambda ts: self._hvd.grouped_allreduce(ts, op=self._op(op)))
-
-    @staticmethod
-    def _packed(tensors, reduce) -> list:
-        if not packing():
-            return list(reduce(tensors))
-        return through_flat_buffers(tensors, reduce)
+        return through_flat_buffers(tensors, lambda ts: self._hvd.grouped_allreduce(ts, op=self._op(op)))
 
     def _all_gather(self, tensor):
         return self._hvd.allgather(tensor)

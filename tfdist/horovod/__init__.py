@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from tfdist.comm import HorovodEngine, activate
-from tfdist.comm.horovod import import_horovod, set_packing, wait_for_the_others_at_exit
+from tfdist.comm.horovod import import_horovod, wait_for_the_others_at_exit
 from tfdist.horovod import callbacks
 from tfdist.horovod.keras_api import (
     Adasum,
@@ -51,8 +51,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tfdist.horovod' has no attribute {name!r}")
 
 
-def init(process_sets=None, *, cycle_ms: float | None = None, pack: bool | None = None,
-         **horovod_options) -> None:
+def init(process_sets=None, *, cycle_ms: float | None = None, **horovod_options) -> None:
     """Initialises Horovod (idempotent) and makes it this process's engine.
 
     Args:
@@ -64,12 +63,6 @@ def init(process_sets=None, *, cycle_ms: float | None = None, pack: bool | None 
             round costs CPU time on every rank, even with nothing to reduce: on hosts whose
             cores all compute, a longer cycle leaves them more (see the models benchmark
             page), and adds up to `cycle_ms` of waiting to each bucket.
-        pack: Hand Horovod each all-reduce of several tensors (a bucket of gradients) as one
-            flat buffer per dtype (True, the default), so that its background thread
-            negotiates one tensor per bucket in its every-cycle rounds; False hands it the
-            tensors themselves, which it fuses in its own buffer (the baseline the models
-            benchmark measures against). Same sums either way. None keeps the process'
-            setting (True unless an earlier `init` said otherwise).
         **horovod_options: Horovod's other `hvd.init` arguments (`comm`, ...).
 
     Example:
@@ -87,8 +80,6 @@ def init(process_sets=None, *, cycle_ms: float | None = None, pack: bool | None 
         ```
     """
     hvd = import_horovod()
-    if pack is not None:
-        set_packing(pack)
     if cycle_ms is not None:
         _set_cycle_time(cycle_ms, hvd.is_initialized())
     if not hvd.is_initialized():

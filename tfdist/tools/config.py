@@ -198,9 +198,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
         # null: Horovod's own (1 ms, or the variable where it is set).
         "horovod_cycle_ms": _float("a number > 0 (ms), or null (Horovod's own)",
                                    lambda v: v > 0, None, nullable=True, most=1000),
-        # horovod: each bucket reaches Horovod as one flat buffer (true), or as its gradients,
-        # which Horovod negotiates one by one and fuses itself (false: the baseline).
-        "horovod_pack": Field(True, (bool,), "true or false"),
         # parameter_server: DC-ASGD's lambda for stale gradients (e.g. 0.04), or null.
         "delay_compensation": _float("a number >= 0, or null", lambda v: v >= 0, None,
                                      nullable=True, most=1e6),
@@ -492,10 +489,6 @@ def _cross_checks(c: dict[str, dict[str, Any]]) -> list[str]:
         errors.append(f"engine.horovod_cycle_ms: sets Horovod's cycle time; engine.name "
                       f"{engine['name']!r} does not run Horovod: set it to null, or use "
                       "engine.name horovod")
-    if not engine["horovod_pack"] and engine["name"] != "horovod":
-        errors.append(f"engine.horovod_pack: false hands Horovod each gradient; engine.name "
-                      f"{engine['name']!r} does not run Horovod: remove it, or use engine.name "
-                      "horovod")
     try:
         kind.read_options(engine["options"])
     except ValueError as e:

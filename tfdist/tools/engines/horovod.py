@@ -22,8 +22,7 @@ class Horovod(JobEngine):
 
         hierarchical = config["averaging"]["intra_period"] is not None
         thvd.init(process_sets="dynamic" if hierarchical else None,
-                  cycle_ms=config["engine"]["horovod_cycle_ms"],
-                  pack=config["engine"]["horovod_pack"])
+                  cycle_ms=config["engine"]["horovod_cycle_ms"])
         engine = resolve()
         if engine.world_size == 1 and not any(v in os.environ for v in LAUNCHED):
             print("[tfdist] engine.name horovod outside horovodrun: this process trains alone "

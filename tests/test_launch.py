@@ -125,8 +125,14 @@ def test_bad_worker_count():
     (["--workers", "2", "--port", "99999"], r"--port must be a TCP port, in \[1, 65535\]"),
     (["--hosts", "node1:4", "--port", "65534"],
      "--port 65534: a host's tasks take ports 65534 to 65537, past 65535"),
+    (["--workers", "2", "--data-hosts", "data-0"],
+     "--data-hosts starts a tf.data service for `tfdist train`"),
+    (["--workers", "2", "--data-hosts", "data-0", "--data-port", "65500"],
+     r"--data-port must be in \[1, 65279\]"),
+    (["--horovod", "-np", "2", "--data-hosts", "data-0"],
+     "--data-hosts starts a tf.data service for TF_CONFIG workers"),
 ])
-def test_a_bad_timeout_or_port_is_named_before_anything_starts(options, error, capsys, tmp_path,
+def test_a_bad_option_is_named_before_anything_starts(options, error, capsys, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stop:

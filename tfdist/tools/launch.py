@@ -896,13 +896,13 @@ def _parser() -> argparse.ArgumentParser:
 def _data_service(command: list[str], args, env: dict[str, str]):
     """(the tf.data service's commands, the dispatcher's address) for --data-hosts; said in
     one line."""
+    if not 1 <= args.data_port <= 65535 - 256:
+        raise ValueError(f"--data-port must be in [1, 65279]. Received: {args.data_port}")
     if not any(a.endswith(("tfdist", "tfdist.tools.cli")) for a in command) or \
             "train" not in command:
         raise ValueError("--data-hosts starts a tf.data service for `tfdist train` (it adds "
                          "--set data.service=...); for a script of your own, start the servers "
                          "with `tfdist data serve` and give it their address")
-    if not 1 <= args.data_port <= 65535 - 256:
-        raise ValueError(f"--data-port must be in [1, 65279]. Received: {args.data_port}")
     hosts = [h.strip() for h in args.data_hosts.split(",") if h.strip()]
     if not hosts:
         raise ValueError("--data-hosts: give at least one host")

@@ -58,13 +58,13 @@ def test_the_shipped_spec_is_valid_and_its_model_has_5m_parameters():
     quick = load_plan(quick=True)
     assert quick.hosts == [2] and quick.bandwidths == ["100mbit"]
     assert quick.configs[(2, "dense")]["train"]["epochs"] == 3
-    # The per-tensor rows are selectable, not in the default sweep.
-    assert "powersgd_per_tensor" not in [a.key for a in plan.algorithms]
-    chosen = load_plan(algorithms=["powersgd", "powersgd_per_tensor"],
+    # The per-variable rows are selectable, not in the default sweep.
+    assert "dense_per_variable" not in [a.key for a in plan.algorithms]
+    chosen = load_plan(algorithms=["dense", "dense_per_variable"],
                        job=["model.hidden=[256, 256]"])
-    assert chosen.configs[(2, "powersgd_per_tensor")]["compression"]["batched"] is False
+    assert chosen.configs[(2, "dense_per_variable")]["optimizer"]["fused_update"] is False
     assert chosen.configs[(2, "dense_keras")]["model"]["hidden"] == [256, 256]  # --set
-    assert chosen.configs[(2, "powersgd")]["compression"]["batched"] is True
+    assert chosen.configs[(2, "dense")]["optimizer"]["fused_update"] is True
 
 
 def test_a_malformed_spec_is_a_config_error(tmp_path):

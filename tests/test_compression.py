@@ -286,11 +286,12 @@ class _ScaledSum(C.Compressor):
                 [{"exchanges": s["exchanges"] + 1} for s in states])
 
 
-@pytest.mark.parametrize("batched, calls", [(True, 2), (False, 4)])
-def test_the_transport_carries_a_codecs_own_rounds_over_replicas(mirrored, batched, calls):
+@pytest.mark.parametrize("per_tensor, calls", [(False, 2), (True, 4)])
+def test_the_transport_carries_a_codecs_own_rounds_over_replicas(mirrored, per_tensor, calls):
     """The transport runs any codec's rounds (a gather, then a sum) over the replicas: every
-    replica gets the sum of both replicas' tensors and the codec's new state; batched, each round
-    is one collective call for both tensors, one tensor at a time it is one per tensor."""
+    replica gets the sum of both replicas' tensors and the codec's new state; each round is one
+    collective call for both tensors, where reducing one tensor at a time (the transport
+    called per tensor) takes one per tensor for the same sums."""
     strategy = mirrored(2)
     xs = [[_x((6, 4), seed=s), _x((5,), seed=s + 10)] for s in (1, 2)]
     codec = _ScaledSum()
@@ -305,8 +306,11 @@ def test_the_transport_carries_a_codecs_own_rounds_over_replicas(mirrored, batch
             mine = [tf.where(tf.equal(rid, 0), a, b) for a, b in zip(*xs)]
             comm = ReplicaCommunicator(strategy, ByteCounter(sent, made))
             states = [codec.init_state(x.shape, x.dtype) for x in mine]
-            return reduce_encoded(codec, mine, states, tf.constant(0, tf.int64), comm,
-                                  batched=batched)
+            step = tf.constant(0, tf.int64)
+            if not per_tensor:
+                return reduce_encoded(codec, mine, states, step, comm)
+            pairs = [reduce_encoded(codec, [x], [s], step, comm) for x, s in zip(mine, states)]
+            return [t for (t,), _ in pairs], [s for _, (s,) in pairs]
         return strategy.run(fn)
 
     totals, states = run()

@@ -109,6 +109,30 @@ def test_serialization_round_trip():
     assert again.get_config() == opt.get_config()
 
 
+def test_an_optimizer_saved_with_the_removed_batched_key_loads():
+    """A DistributedOptimizer saved when GradientExchange took `batched` (tfdist 0.2) loads,
+    as the exchange that reduces its tensors together (the same sums)."""
+    opt = tfdist.DistributedOptimizer(keras.optimizers.SGD(0.1), compressor="powersgd")
+    config = keras.saving.serialize_keras_object(opt)
+    found = []
+
+    def add_batched(node):  # as tfdist 0.2 wrote the exchange's config
+        if isinstance(node, dict):
+            if "start_step" in node and "bucket_bytes" in node:
+                node["batched"] = False
+                found.append(node)
+            for value in node.values():
+                add_batched(value)
+        elif isinstance(node, list):
+            for value in node:
+                add_batched(value)
+
+    add_batched(config)
+    assert len(found) == 1
+    again = keras.saving.deserialize_keras_object(config)
+    assert again.get_config() == opt.get_config()
+
+
 def test_model_save_and_load_keeps_optimizer_state(mirrored, tmp_path):
     model, opt = common.train("strategy", STEPS, BATCH, strategy=mirrored(2), optimizer="adam")
     path = str(tmp_path / "model.keras")

@@ -109,7 +109,7 @@ class Choice:
 Rounds = Generator[Any, Any, Any]
 
 
-def run_rounds(rounds: Rounds, comm: Communicator, fused: bool = True) -> Any:
+def run_rounds(rounds: Rounds, comm: Communicator) -> Any:
     """Carries every round `rounds` yields over `comm`; returns what the generator returns.
 
     Example:
@@ -126,37 +126,30 @@ def run_rounds(rounds: Rounds, comm: Communicator, fused: bool = True) -> Any:
     try:
         request = next(rounds)
         while True:
-            request = rounds.send(_carry(request, comm, fused))
+            request = rounds.send(_carry(request, comm))
     except StopIteration as done:
         return done.value
 
 
-def _carry(request, comm: Communicator, fused: bool):
+def _carry(request, comm: Communicator):
     if isinstance(request, Sum):
-        tensors = list(request.tensors)
-        return fused_all_reduce(comm, tensors, "sum") if fused else comm.all_reduce(tensors, "sum")
+        return fused_all_reduce(comm, list(request.tensors), "sum")
     if isinstance(request, Gather):
-        tensors = list(request.tensors)
-        if fused:
-            return fused_all_gather(comm, tensors)
-        return [tf.reshape(comm.all_gather(t[None]), [comm.world_size, *t.shape]) for t in tensors]
+        return fused_all_gather(comm, list(request.tensors))
     if isinstance(request, Choice):
         return comm.cond(request.pred,
-                         lambda *args: run_rounds(request.if_true(comm.rank, *args), comm, fused),
-                         lambda *args: run_rounds(request.if_false(comm.rank, *args), comm, fused),
+                         lambda *args: run_rounds(request.if_true(comm.rank, *args), comm),
+                         lambda *args: run_rounds(request.if_false(comm.rank, *args), comm),
                          args=request.args)
     raise TypeError(f"A codec yielded {request!r}: a round is tfdist.comm.Sum, Gather or Choice.")
 
 
 def reduce_encoded(codec, xs: Sequence[tf.Tensor], states: Sequence[dict], step,
-                   comm: Communicator, op: str = "sum",
-                   batched: bool = True) -> tuple[list[tf.Tensor], list[dict]]:
+                   comm: Communicator, op: str = "sum") -> tuple[list[tf.Tensor], list[dict]]:
     """The sum (or mean) over workers of each tensor of `xs` through `codec`, with each tensor's
-    codec state; returns (results, new states).
-
-    `batched=True` encodes every tensor of the exchange together, each round in one fused
-    collective call (PowerSGD: every P in one all-reduce, every Q in another); False encodes and
-    sends one tensor at a time, each round's list in one call (same sums, more calls).
+    codec state; returns (results, new states). Every tensor of the exchange is encoded
+    together, each round in one fused collective call (PowerSGD: every P in one all-reduce,
+    every Q in another).
 
     Example:
         ```python
@@ -170,14 +163,7 @@ def reduce_encoded(codec, xs: Sequence[tf.Tensor], states: Sequence[dict], step,
     """
     if op not in ("sum", "mean"):
         raise ValueError(f"`op` must be 'sum' or 'mean'. Received: op={op!r}")
-    xs, states = list(xs), list(states)
-    if batched:
-        totals, new_states = run_rounds(codec.encode(xs, states, step, comm.rank), comm)
-    else:
-        pairs = [run_rounds(codec.encode([x], [s], step, comm.rank), comm, fused=False)
-                 for x, s in zip(xs, states)]
-        totals = [t for (t,), _ in pairs]
-        new_states = [s for _, (s,) in pairs]
+    totals, new_states = run_rounds(codec.encode(list(xs), list(states), step, comm.rank), comm)
     n = comm.world_size
     if op == "mean" and n > 1:
         totals = [t / tf.cast(n, t.dtype) for t in totals]

@@ -52,7 +52,7 @@ from tfdist.optimizers.parts import PARTS, Part
 LOSS_SCALE_MODES = ("auto", "dynamic", None)
 ALGORITHMS = (None, "auto")
 SHORTCUTS = ("algorithm", "accumulation_steps", "variable_accumulation", "compressor",
-             "min_compress_size", "compress_1d", "compression_start_step", "batched",
+             "min_compress_size", "compress_1d", "compression_start_step",
              "bucket_bytes", "track_norms", "local_sgd", "slowmo", "sma", "outer",
              "averaging_topology", "average_optimizer_state")
 
@@ -61,7 +61,7 @@ def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int =
                          variable_accumulation: bool = False,
                          compressor=None, min_compress_size: int = 1024,
                          compress_1d: bool = False, compression_start_step: int = 0,
-                         batched: bool = True, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                         bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
                          track_norms: bool = False, local_sgd=None,
                          slowmo=None, sma=None, outer=None, averaging_topology: str = "all",
                          average_optimizer_state: bool = False) -> list[Part]:
@@ -81,7 +81,7 @@ def parts_from_shortcuts(algorithm: str | None = None, accumulation_steps: int =
                          f"Received: compressor={compressor!r}")
     exchange = (AutoExchange() if algorithm == "auto" else
                 GradientExchange(compressor, min_compress_size, compress_1d,
-                                 compression_start_step, batched, bucket_bytes))
+                                 compression_start_step, bucket_bytes))
     parts: list[Part] = []
     if check_bool("track_norms", track_norms):
         parts.append(TrackNorms())
@@ -133,7 +133,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     order; `parts_from_shortcuts`): `algorithm="auto"` (an
     `AutoExchange`: the exchange picked from the measured link); `accumulation_steps`,
     `variable_accumulation` (an `Accumulation`); `compressor`, `min_compress_size`,
-    `compress_1d`, `compression_start_step`, `batched`, `bucket_bytes` (a `GradientExchange`);
+    `compress_1d`, `compression_start_step`, `bucket_bytes` (a `GradientExchange`);
     `track_norms`
     (a `TrackNorms`); `local_sgd` (a schedule), `slowmo` / `sma` / `outer`,
     `averaging_topology`, `average_optimizer_state` (a `LocalSGD`).

@@ -32,10 +32,6 @@ class GradientExchange(Part):
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors. Defaults to False.
         start_step: Exchanges sent dense before compression starts. Defaults to 0.
-        batched: Encode all compressed tensors of an exchange together, each round of the
-            compressor in one collective call. False encodes and sends them one tensor at a
-            time (same result, one or more calls per tensor: what the batching saves is
-            measured against it). Defaults to True.
         bucket_bytes: The dense exchange all-reduces the gradients in buckets of about this
             many bytes, last layers first, one collective call each, so reducing the last
             layers' gradients overlaps the backward pass of the first ones. None: one
@@ -58,13 +54,11 @@ class GradientExchange(Part):
 
     def __init__(self, compressor=None, min_compress_size: int = MIN_COMPRESS_SIZE,
                  compress_1d: bool = False,
-                 start_step: int = 0, batched: bool = True,
-                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
+                 start_step: int = 0, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
         self.min_compress_size = check_int("min_compress_size", min_compress_size, 0)
         self.start_step = check_int("compression_start_step", start_step, 0)
         self.compressor = compression.get(compressor)
         self.compress_1d = check_bool("compress_1d", compress_1d)
-        self.batched = check_bool("batched", batched)
         self.bucket_bytes = (None if bucket_bytes is None
                              else check_int("bucket_bytes", bucket_bytes, 1))
         self.compression_state: dict[int, dict[str, Any]] = {}
@@ -162,7 +156,7 @@ class GradientExchange(Part):
         current = [{k: tf.convert_to_tensor(v) for k, v in states[j].items()} for j in packed]
         step = tf.cast(step, tf.int64)
         reduced, new_states = reduce_encoded(compressor, [values[j] for j in packed], current,
-                                             step, comm, op=op, batched=self.batched)
+                                             step, comm, op=op)
         if flagged:  # a cond: no pass over the tensors when every worker was finite
             reduced = tf.cond(dense_reduced[-1][0] > 0,
                               lambda: [r + tf.constant(float("nan"), r.dtype) for r in reduced],
@@ -185,8 +179,13 @@ class GradientExchange(Part):
     def get_config(self) -> dict[str, Any]:
         return {"compressor": compression.serialize(self.compressor),
                 "min_compress_size": self.min_compress_size, "compress_1d": self.compress_1d,
-                "start_step": self.start_step, "batched": self.batched,
-                "bucket_bytes": self.bucket_bytes}
+                "start_step": self.start_step, "bucket_bytes": self.bucket_bytes}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> GradientExchange:
+        # An optimizer saved by tfdist 0.2 holds "batched" (encode one tensor at a time when
+        # false): the sums are the same either way, so it is read as the batched exchange.
+        return cls(**{k: v for k, v in config.items() if k != "batched"})
 
     def __repr__(self) -> str:
         return f"GradientExchange(compressor={self.compressor!r})"

@@ -31,16 +31,15 @@ from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 class _ExchangeStrategy:
     """Mixin: holds the exchange settings and attaches a fresh chain to each optimizer."""
 
-    def _init_exchange(self, compressor, min_compress_size, compress_1d, compression_start_step,
-                       batched=True):
+    def _init_exchange(self, compressor, min_compress_size, compress_1d, compression_start_step):
         probe = GradientExchange(compressor, min_compress_size, compress_1d,
-                                 compression_start_step, batched)  # validates the arguments now
+                                 compression_start_step)  # validates the arguments now
         if probe.compressor is None:
             raise ValueError("`compressor` is required (a tfdist.compression compressor, or its "
                              "name such as 'powersgd'). Received: compressor=None")
         self.compressor = probe.compressor
         self._exchange_args = (compressor, min_compress_size, compress_1d,
-                               compression_start_step, batched)
+                               compression_start_step)
         install_strategy_hooks()
 
     def tfdist_attach(self, optimizer, variables) -> Chain:
@@ -65,7 +64,6 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
         min_compress_size: Tensors with fewer elements are sent dense. Defaults to 1024.
         compress_1d: Also compress 1-D tensors. Defaults to False.
         compression_start_step: Exchanges sent dense first. Defaults to 0.
-        batched: Reduce all compressed tensors of an exchange together. Defaults to True.
 
     Example:
         ```python
@@ -82,9 +80,8 @@ class CompressedStrategy(_ExchangeStrategy, tf.distribute.MirroredStrategy):
 
     def __init__(self, compressor, devices=None, cross_device_ops=None,
                  min_compress_size: int = 1024, compress_1d: bool = False,
-                 compression_start_step: int = 0, batched: bool = True):
-        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
-                            batched)
+                 compression_start_step: int = 0):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
         fresh_collective_keys()  # this strategy's collectives numbered apart from others'
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -111,9 +108,8 @@ class MultiWorkerCompressedStrategy(_ExchangeStrategy, MultiWorkerMirroredStrate
     def __init__(self, compressor, cluster_resolver=None, communication_options=None,
                  timeout_seconds: float | None = None, min_compress_size: int = 1024,
                  compress_1d: bool = False, compression_start_step: int = 0,
-                 batched: bool = True, step_logs: str = "averaged"):
-        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step,
-                            batched)
+                 step_logs: str = "averaged"):
+        self._init_exchange(compressor, min_compress_size, compress_1d, compression_start_step)
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options,
                          timeout_seconds=timeout_seconds, step_logs=step_logs)

@@ -238,8 +238,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
                          1024),
         "compress_1d": Field(False, (bool,), "true or false"),
         "start_step": _int("an integer >= 0 (exchanges sent dense first)", lambda v: v >= 0, 0),
-        "batched": Field(True, (bool,), "true (all compressed tensors of an exchange in as few "
-                         "collectives as the compressor allows) or false (one tensor at a time)"),
         "bucket_mb": _float("a number > 0 (MiB per all-reduce of the dense exchange, last layers "
                             "first, overlapping the backward pass), or null (one all-reduce)",
                             lambda v: v > 0, 25, nullable=True, most=2**20),

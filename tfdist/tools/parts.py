@@ -56,7 +56,7 @@ def part_makers(c: dict[str, dict[str, Any]]):
             return [AutoExchange(**comp["options"])]
         bucket = None if comp["bucket_mb"] is None else max(1, int(comp["bucket_mb"] * 2**20))
         return [GradientExchange(make_compressor(comp), comp["min_size"], comp["compress_1d"],
-                                 comp["start_step"], comp["batched"], bucket)]
+                                 comp["start_step"], bucket)]
 
     def accumulation():
         steps = opt["accumulation_steps"]

@@ -112,10 +112,7 @@ def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(ho
                               capture_output=True, text=True, timeout=450)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         summary, traces = _summary(out), [_traces(cluster, h) for h in range(4)]
-        left = [line for host in range(4) for line in subprocess.run(
-            cluster.command(host, ["pgrep", "-af", "tfdist.tools.cli"]), capture_output=True,
-            text=True).stdout.splitlines()]
-        assert left == []
+        assert [_ours(cluster, host) for host in range(4)] == [[]] * 4
         if mode is None:
             local = summary
             continue
@@ -140,15 +137,25 @@ def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(ho
                 assert all(traces[host][key] >= 1 for key in train), host
 
 
+def _ours(cluster, host: int, what: str = "tfdist.tools.cli") -> list[str]:
+    """The pids of the processes on emulated `host` whose command line holds `what` (the
+    hosts share this machine's process table: other tests' processes are not theirs)."""
+    on_host = subprocess.run(["ip", "netns", "pids", cluster.namespaces[host]],
+                             capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in on_host:
+        with contextlib.suppress(OSError):
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if words[0] != b"sh" and what.encode() in b" ".join(words):
+                found.append(pid)
+    return found
+
+
 def _kill(cluster, host: int, role: str) -> None:
-    """SIGKILLs the data service's `role` ("dispatcher" or "worker") on emulated `host`."""
-    on_host = set(subprocess.run(["ip", "netns", "pids", cluster.namespaces[host]],
-                                 capture_output=True, text=True).stdout.split())
-    serving = set(subprocess.run(["pgrep", "-f", f"data serve {role}"], capture_output=True,
-                                 text=True).stdout.split())
-    victim = [pid for pid in on_host & serving  # the server, not the shell ssh runs it in
-              if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] != b"sh"]
-    assert len(victim) == 1, (on_host, serving)
+    """SIGKILLs the data service's `role` ("dispatcher" or "worker") on emulated `host` (the
+    server, not the shell ssh runs it in)."""
+    victim = _ours(cluster, host, f"data serve {role}")
+    assert len(victim) == 1, victim
     os.kill(int(victim[0]), signal.SIGKILL)
 
 

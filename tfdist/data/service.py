@@ -7,13 +7,13 @@ over gRPC. Two processing modes:
 * ``distributed_epoch``: the data workers split the record set's files between them (the
   dispatcher hands out files as they ask), so each pass over the records reads every record
   once across all trainers together;
-* ``parallel_epochs``: every data worker reads every file, and each trainer reads its own full
-  passes.
+* ``parallel_epochs``: every data worker reads every file in each of its passes.
 
 What is lost against reading the record set locally (`record_batches`): the batches are not a
 function of the seed and the epoch, so N trainers do not train on one trainer's batches, and a
-resume does not restore the position (the trainers rejoin the service's job and go on from
-the records not yet handed out; the batches a trainer had buffered are not trained on).
+resume does not restore the position: the trainers rejoin the service's job where its
+dispatcher still runs (going on from the records not yet handed out; the batches a trainer
+had buffered are not trained on), else a new job starts a new pass.
 """
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ def _records(d: dict[str, Any]) -> Data:
         service = (d["service"], d["service_mode"])
         print(f"[tfdist] data: the tf.data service at {d['service']} reads and decodes the "
               f"records ({d['service_mode']}); its batches are not a local reading's, and a "
-              "resume goes on from the records not yet handed out (docs/guides/data.md)",
+              "resume does not restore the data position (docs/guides/data.md)",
               file=sys.stderr, flush=True)
     return Data(train, test, shape, classes, decode, label_shape=tuple(y.shape),
                 service=service)

@@ -46,10 +46,12 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def check_dispatcher(address: str, timeout: float = CONNECT_SECONDS) -> None:
+def check_dispatcher(address: str, timeout: float | None = None) -> None:
     """Returns once the dispatcher at `address` accepts a connection (it may be starting); a
-    ServiceError naming the address if nothing answers within `timeout` seconds."""
+    ServiceError naming the address if nothing answers within `timeout` seconds (default
+    `CONNECT_SECONDS`)."""
     host, port = split_address(address)
+    timeout = CONNECT_SECONDS if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,7 +131,6 @@ def test_unknown_command_is_a_usage_error():
 
 def _console_script() -> str:
     import shutil
-    from pathlib import Path
 
     script = Path(sys.executable).with_name("tfdist")
     return str(script) if script.exists() else shutil.which("tfdist")
@@ -322,6 +323,7 @@ def test_a_missing_user_function_is_named(tmp_path):
 
 PLAIN_KERAS_LOAD = """
 import sys
+from pathlib import Path
 import numpy as np
 sys.modules["tfdist"] = None  # as on a server without tfdist
 import keras
@@ -693,47 +695,44 @@ def test_importing_the_library_leaves_stderr_the_environment_and_argv_as_they_we
     assert out.stdout.strip().splitlines()[-1] == "true"
 
 
-MY_CODECS = '''
-import tensorflow as tf
-
-import tfdist
 
 
-class Bfloat16(tfdist.compression.Compressor):
-    """bfloat16 on the wire."""
 
-    summable = True
-    keeps_nonfinite = True
-
-    def compress(self, x, state, step, rank=0):
-        return (tf.cast(x, tf.bfloat16),), x.dtype, state
-
-    def decompress(self, payload, ctx):
-        return tf.cast(payload[0], ctx)
-'''
-
-MY_RULES = '''
-import tfdist
+EXTENDING = Path(ROOT) / "docs" / "guides" / "extending.md"
 
 
-class Slow(tfdist.averaging.SlowMo):
-    """SlowMo under another name."""
-'''
+@pytest.fixture
+def own_files(tmp_path, monkeypatch):
+    """Writes files into `tmp_path` as the Extending page shows them (its ```python block whose
+    first line is `# name`), importable as the command's working directory makes them; the
+    modules are forgotten after the test (another test's `my_engine` is another file)."""
+    blocks = dict(re.findall(r"^```python\n# (\S+)\n(.*?)^```", EXTENDING.read_text(),
+                             flags=re.S | re.M))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written = []
+
+    def write(*names):
+        for name in names:
+            (tmp_path / name).write_text(blocks[name])
+            written.append(name.removesuffix(".py"))
+
+    yield write
+    for module in written:
+        sys.modules.pop(module, None)
 
 
 def test_a_compressor_and_an_outer_rule_of_ones_own_file_train_through_the_command(
-        tmp_path, monkeypatch):
-    """One file each, no registration and no other edit: `compression.name=my_codecs:Bfloat16` and
-    `averaging.outer.name=my_rules:Slow` (with an option) train through `tfdist train`, and end
-    on the weights of the built-in bf16 and slowmo (the compressor carries the synchronous
-    warm-up steps, the rule the averaging rounds after them)."""
+        tmp_path, own_files):
+    """One file each, as the Extending page shows them, no registration and no other edit:
+    `compression.name=my_codecs:Bfloat16` and `averaging.outer.name=my_rules:Slow` (with an
+    option) train through `tfdist train`, and end on the weights of the built-in bf16 and
+    slowmo (the compressor carries the synchronous warm-up steps, the rule the averaging rounds
+    after them)."""
     import keras
 
     from tfdist.tools.cli import main
 
-    (tmp_path / "my_codecs.py").write_text(MY_CODECS)
-    (tmp_path / "my_rules.py").write_text(MY_RULES)
-    monkeypatch.syspath_prepend(str(tmp_path))  # the command's working directory (tested above)
+    own_files("my_codecs.py", "my_rules.py")
     common = ["--set", "averaging.period=2", "--set", "averaging.warmup_steps=3",
               "--set", "train.epochs=1", "--set", "train.steps_per_epoch=8",
               "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}"]
@@ -751,48 +750,15 @@ def test_a_compressor_and_an_outer_rule_of_ones_own_file_train_through_the_comma
         np.testing.assert_array_equal(a, b)
 
 
-MY_ENGINE = '''
-import tfdist
-from tfdist.tools.engines import JobEngine
-
-CALLS = []  # what the algorithms asked of this engine, as traced
-
-
-class Recording(tfdist.comm.LocalEngine):
-    """A world of one whose communicator records every all-reduce."""
-
-    name = "recording"
-
-    def communicator(self, counter=None):
-        class Communicator(tfdist.comm.LocalCommunicator):
-            def all_reduce(self, tensors, op="sum"):
-                tensors = list(tensors)
-                CALLS.append(len(tensors))
-                return super().all_reduce(tensors, op)
-
-        return Communicator(counter)
-
-
-class RecordingJob(JobEngine):
-    """How `tfdist train` runs it: no strategy, the engine activated for the optimizer."""
-
-    def make(self, config):
-        engine = Recording()
-        tfdist.comm.activate(engine)
-        return None, engine
-'''
-
-
-def test_an_engine_of_ones_own_file_trains_through_the_command(tmp_path, monkeypatch):
-    """One file, no other edit: `engine.name=my_engine:RecordingJob` trains through `tfdist
-    train` on the file's own engine (its communicator carried the exchanges) and ends on the
-    weights of the built-in one-device engine."""
+def test_an_engine_of_ones_own_file_trains_through_the_command(tmp_path, own_files):
+    """One file, the Extending page's, no other edit: `engine.name=my_engine:RecordingJob` trains
+    through `tfdist train` on the file's own engine (its communicator carried the exchanges)
+    and ends on the weights of the built-in one-device engine."""
     import keras
 
     from tfdist.tools.cli import main
 
-    (tmp_path / "my_engine.py").write_text(MY_ENGINE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    own_files("my_engine.py")
     common = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=4",
               "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}"]
     runs = {"own": "my_engine:RecordingJob", "built_in": "single"}
@@ -816,54 +782,18 @@ def test_an_engine_of_ones_own_file_trains_through_the_command(tmp_path, monkeyp
     assert main(["train", *common, "--set", "engine.name=my_engine:Missing"]) == 2
 
 
-SERVING_ENGINE = '''
-import dataclasses
-
-import tfdist
-from tfdist.tools.engines import JobEngine
-
-SERVED = []  # what the serving role was handed
-
-
-class Serving(JobEngine):
-    """A world of one whose process trains, or serves (`engine.options.role`), scaling the
-    learning rate by an option of its own."""
-
-    @dataclasses.dataclass(frozen=True)
-    class Options:
-        role: str = "worker"
-        lr_factor: float = 1.0
-
-    def make(self, config):
-        return None, tfdist.comm.LocalEngine()
-
-    @property
-    def role(self):
-        return self.options.role
-
-    def serve(self, workload):
-        model = workload.model()
-        SERVED.append(model.count_params())
-        return {"engine": self.name, "role": self.role, "parameters": model.count_params()}
-
-    def optimizer(self, inner):
-        inner.learning_rate = float(inner.learning_rate) * self.options.lr_factor
-        return super().optimizer(inner)
-'''
-
-
-def test_an_engine_of_ones_own_file_takes_its_options_and_serves_a_role(tmp_path, monkeypatch,
+def test_an_engine_of_ones_own_file_takes_its_options_and_serves_a_role(tmp_path, own_files,
                                                                         capsys):
-    """One file: an engine's own `Options` come from `engine.options` (checked before anything
-    runs: an unknown or mistyped option is refused naming it); a process of its serving role
+    """One file, the Extending page's: an engine's own `Options` come from `engine.options`
+    (checked before anything runs: an unknown or mistyped option is refused naming it); a
+    process of its serving role
     returns the engine's report, and its worker trains with the option applied: lr_factor 0.5
     on an SGD rate of 0.02 ends on the built-in engine's weights at a rate of 0.01."""
     import keras
 
     from tfdist.tools.cli import main
 
-    (tmp_path / "serving_engine.py").write_text(SERVING_ENGINE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    own_files("serving_engine.py")
     common = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=3",
               "--set", "train.verbose=0", "--set", f"train.output_dir={tmp_path}",
               "--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0"]

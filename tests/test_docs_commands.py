@@ -37,7 +37,7 @@ START = re.compile(r"(?:[\w./-]*/)?tfdist (?=(?:train|bench|info|plan)\b)"
 FENCE = re.compile(r"^```[\w-]*\n(.*?)^```", flags=re.S | re.M)
 PLACEHOLDER = re.compile(r"\$\w+|[A-Z][A-Z_]*")
 # Modules the docs ask the reader to write (`--set model.name=mine:build`): theirs, not ours.
-USER_MODULES = {"mine", "my_engine", "my_codecs"}
+USER_MODULES = {"mine", "my_engine", "my_codecs", "my_rules", "serving_engine"}
 # Commands a page shows failing on purpose, with the words it quotes from the error.
 MISTAKES = {"tfdist train --set train.epoch=3": "unknown key 'epoch' (did you mean 'epochs'?)"}
 

@@ -8,7 +8,6 @@ padded with N S - P zeros.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -133,20 +132,13 @@ class LayerShardPlan:
                 for r in range(self.world_size)]
 
 
-# ZeRO stage 3's parameter shards -> their plans: a `ShardedModel` records its shard here when it
-# creates it, and `ZeroOptimizer(stage=3)` looks the variable it is given up (the entry holds the
-# variable weakly and is checked against it, so a recycled id never matches).
-_PARAMETER_SHARDS: dict[int, tuple[weakref.ref, LayerShardPlan]] = {}
-
-
 def record_parameter_shard(variable, plan: LayerShardPlan) -> None:
-    """Records `variable` as a ZeRO stage 3 parameter shard laid out by `plan`."""
-    for key in [k for k, (ref, _) in _PARAMETER_SHARDS.items() if ref() is None]:
-        del _PARAMETER_SHARDS[key]  # shards of models that are gone
-    _PARAMETER_SHARDS[id(variable)] = (weakref.ref(variable), plan)
+    """Marks `variable` (a `ShardedModel`'s own) as a ZeRO stage 3 parameter shard laid out by
+    `plan`: the variable carries its plan, for `ZeroOptimizer(stage=3)` to read when it is
+    built on it."""
+    variable._tfdist_shard_plan = plan
 
 
 def parameter_shard_plan(variable) -> LayerShardPlan | None:
     """The plan of `variable` if it is a stage 3 parameter shard (`record_parameter_shard`)."""
-    entry = _PARAMETER_SHARDS.get(id(variable))
-    return entry[1] if entry is not None and entry[0]() is variable else None
+    return getattr(variable, "_tfdist_shard_plan", None)

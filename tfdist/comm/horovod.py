@@ -13,8 +13,11 @@ import threading
 from tfdist.comm.base import ByteCounter, Communicator, through_flat_buffers
 from tfdist.comm.engine import Engine, register
 
-# This process's Horovod process set for each group size (created once, on every rank).
+# This process's Horovod process set for each group size (created once, on every rank; Horovod's
+# process sets are themselves the process's).
 _GROUP_SETS: dict[int, object] = {}
+
+
 def import_horovod():
     """Returns `horovod.tensorflow`, or raises an ImportError that says how to get it."""
     try:

@@ -28,7 +28,9 @@ hosts: [2]
 bandwidths: [1gbit]
 run_timeout_seconds: {timeout}
 algorithms:
-  dense_keras: {{label: dense Keras, config: default.yaml, set: [engine.name=keras_multi_worker]}}
+  dense_keras:
+    {{label: dense Keras, config: default.yaml,
+      set: [engine.name=tfdist.tools.bench.baselines:KerasMultiWorker]}}
   dense_horovod: {{label: dense Horovod, config: default.yaml, set: [engine.name=horovod]}}
   powersgd: {{label: PowerSGD, config: powersgd.yaml}}
   local_sgd: {{label: local SGD, config: local_sgd.yaml,
@@ -50,7 +52,8 @@ def _spec(tmp_path, timeout=300):
 def test_the_shipped_spec_is_valid_and_its_model_has_5m_parameters():
     plan = load_plan()
     assert [a.key for a in plan.algorithms][0] == "dense_keras"
-    assert plan.configs[(2, "dense_keras")]["engine"]["name"] == "keras_multi_worker"
+    assert plan.configs[(2, "dense_keras")]["engine"]["name"] == \
+        "tfdist.tools.bench.baselines:KerasMultiWorker"
     assert plan.configs[(2, "powersgd")]["engine"]["name"] == "multi_worker"
     hidden = plan.configs[(2, "dense")]["model"]["hidden"]
     params = 64 * hidden[0] + hidden[0] + hidden[0] * hidden[1] + hidden[1] + 10 * hidden[1] + 10

@@ -113,7 +113,7 @@ def test_keras_exchange_formula_gathers_embedding_rows_and_reduces_the_rest():
     """Keras' own exchange is not counted as it runs: its formula all-reduces the dense
     gradients in one call and all-gathers each embedding's looked-up rows with their int32
     indices in three (row counts, rows, indices), as TF's CollectiveAllReduce does."""
-    from tfdist.tools.engines.data_parallel import keras_exchange
+    from tfdist.tools.bench.baselines import keras_exchange
     from tfdist.tools.models import build_model
 
     model = build_model("transformer", (8,), 10, (16,), layers=1, heads=2, vocab=32)

@@ -184,8 +184,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     "own, about 6 s)", lambda v: v >= 1, 60, nullable=True,
                                     most=86400),
         # multi_worker: each step's logs averaged over the workers (Keras' way, a collective
-        # per logged value every step) or each worker's own; null: "local", and "averaged"
-        # for the plain-Keras baseline keras_multi_worker. Epoch logs are averaged either way.
+        # per logged value every step) or each worker's own; null: the engine's own ("local";
+        # "averaged" for the benchmarks' plain-Keras baseline). Epoch logs are averaged either
+        # way.
         "step_logs": _choice((None, "local", "averaged"), None),
         # parameter_server: 0 synchronous, s >= 1 bounded staleness, null asynchronous.
         "staleness": _int("an integer >= 0 (0 synchronous, s bounded), or null (asynchronous)",

@@ -19,7 +19,7 @@ arithmetic whatever the network), at that step time.
 Once the limit has run, every run of that cluster gets a per-step breakdown (`breakdown`):
 compute, the limit's step (measured: the forward and backward passes and the optimizer's
 update); wire, the bytes the worker sends per step (counted by its optimizer; for Keras' own
-exchange, its formula: `tfdist.tools.engines.data_parallel.keras_exchange`) at the link's
+exchange, its formula: `tfdist.tools.bench.baselines.keras_exchange`) at the link's
 rate; compressor, the compressor's own work on the model's gradients (measured in this process over a loopback
 communicator, as the compressors suite does); and the rest of the step (latency, framework
 work, the hosts sharing this machine's cores), negative where communication overlapped

@@ -213,13 +213,15 @@ def test_a_notice_to_the_default_job_backs_up_without_a_backup_key(tmp_path):
     weights of the run never stopped; nothing of the backup is left after it."""
     import tests.workers.slow_model  # noqa: F401 (registers its layer for loading)
 
-    slow = ["--set", "model.name=tests.workers.slow_model:build", "--set",
-            "model.options={pause: 0.2}", "--set", "train.checkpoint_steps=null",
-            "--set", "train.verbose=2"]
-    straight = _train(tmp_path / "straight", *slow)
+    def slow(pause):  # seconds a step sleeps (the model is the same: its pause is the identity)
+        return ["--set", "model.name=tests.workers.slow_model:build", "--set",
+                f"model.options={{pause: {pause}}}", "--set", "train.checkpoint_steps=null",
+                "--set", "train.verbose=2"]
+
+    straight = _train(tmp_path / "straight", *slow(0))
     assert straight.returncode == 0, straight.stderr[-3000:]
     out = tmp_path / "noticed"
-    proc = subprocess.Popen(_command(out, *slow), cwd=ROOT, env=worker_env(),
+    proc = subprocess.Popen(_command(out, *slow(0.2)), cwd=ROOT, env=worker_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -233,7 +235,7 @@ def test_a_notice_to_the_default_job_backs_up_without_a_backup_key(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 76, err[-3000:]
     assert "[tfdist] preempted (SIGTERM): backed up step" in err, err[-3000:]
-    again = _train(out, *slow)
+    again = _train(out, *slow(0.2))
     assert again.returncode == 0, again.stderr[-3000:]
     summary, weights = _finished(out)
     assert 0 < summary["resumed_from_step"] < STEPS

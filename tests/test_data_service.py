@@ -90,16 +90,15 @@ def _summary(out) -> dict:
     return json.loads(summary.read_text())
 
 
-def test_the_data_hosts_decode_every_record_once_a_pass_and_the_trainers_none(hosts):
+def test_the_data_hosts_decode_every_record_and_the_trainers_none(hosts):
     """3 epochs of the digits record set on 2 trainers, read locally, then through the
     service on the 2 data hosts in each mode: the same accuracy band; the trainer hosts decode
     no training record but record 0 (read to check the decode function before training) and
     the test split; both data hosts take part, and together they decode at least the records
     the job trained on. distributed_epoch: the job reads every record (the data hosts split
     the passes, which overlap: one may start the next pass while the other finishes this one,
-    so a record may be read a few passes more often than another; 4 to 7 times measured in 3
-    epochs); parallel_epochs: each data host reads every record. Every server is gone after
-    each job."""
+    so a record may be read a pass or more often than another); parallel_epochs: each data
+    host reads every record. Every server is gone after each job."""
     cluster, shared = hosts
     records = _fingerprints(shared / "digits")
     train, test = records["train"], records["test"]

@@ -253,18 +253,18 @@ class CopyBackupAfter(keras.callbacks.Callback):
         super().__init__()
         self.step, self.directory, self.to, self.seen = step, directory, to, 0
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
+    def on_train_batch_end(self, batch, logs=None):  # once per `steps_per_execution` steps
+        self.seen += self.model.steps_per_execution
         if self.seen == self.step:
             shutil.copytree(self.directory, self.to)
 
 
 def test_a_resume_at_step_10000_gives_the_weights_of_the_run_never_stopped(digits_records,
                                                                          tmp_path):
-    """One device, 10,040 steps (10 epochs of 1,004), backed up at step 10,000 (epoch 10,
-    batch 960): the backups as a kill at step 10,010 leaves them, run again, give the weights
-    of the run never stopped bit for bit, reading the 40 batches left and tf.data's read-ahead,
-    not the 10,000 before them."""
+    """One device, 10,200 steps (10 epochs of 1,020, 20 steps a call of the train function),
+    backed up at step 10,000 (epoch 10, step 820): the backups as a kill at step 10,020 leaves
+    them, run again, give the weights of the run never stopped bit for bit, reading the 200
+    batches left and tf.data's read-ahead, not the 10,000 before them."""
     from tests.workers import common
 
     path, _ = digits_records
@@ -273,18 +273,18 @@ def test_a_resume_at_step_10000_gives_the_weights_of_the_run_never_stopped(digit
         source = RecordSource(path)
         model = common.make_model(hidden=(32,))
         model.compile(optimizer=tfdist.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
-                      loss="sparse_categorical_crossentropy")
+                      loss="sparse_categorical_crossentropy", steps_per_execution=20)
         backup = tfdist.callbacks.BackupAndRestore(directory, save_freq=10_000)
-        callbacks = [backup] + ([CopyBackupAfter(10_010, directory, copy_to)] if copy_to else [])
+        callbacks = [backup] + ([CopyBackupAfter(10_020, directory, copy_to)] if copy_to else [])
         data = record_batches(source, BATCH, seed=3, start=backup.data_start)
-        model.fit(data, epochs=10, steps_per_epoch=1_004, verbose=0, callbacks=callbacks)
+        model.fit(data, epochs=10, steps_per_epoch=1_020, verbose=0, callbacks=callbacks)
         return model.get_weights(), source.records_read
 
     straight, _ = run(tmp_path / "straight", copy_to=tmp_path / "killed")
     resumed, read = run(tmp_path / "killed")
     for a, b in zip(straight, resumed, strict=True):
         np.testing.assert_array_equal(b, a)
-    assert 40 * BATCH <= read <= 64 * BATCH, read / BATCH
+    assert 200 * BATCH <= read <= 224 * BATCH, read / BATCH
 
 
 def _own_pipeline(folder, parsed, stateless=True):

@@ -7,7 +7,8 @@ links' bandwidth set by `tc`.
     python -m tfdist.emulated up --hosts 2 --bandwidth 100mbit   # holds until Ctrl-C
     python -m tfdist.emulated down                               # removes leftovers
 
-Layout: host i is the namespace `tfd-<pid>-h<i>` with one veth, address 10.213.0.<i+1>/24; the
+Layout: host i is the namespace `tfd-<pid>-h<i>` with one veth, address 10.213.k.<i+1>/24 (k the
+first subnet no other cluster on the machine uses: 0 for the first one); the
 other ends hang on a bridge in a namespace of its own (`tfd-<pid>-br`), so nothing is added to
 the machine's own network namespace and only addresses inside these namespaces are used. Each
 host's link is shaped in both directions by a token-bucket filter (`tbf`) at `bandwidth`; a
@@ -160,7 +161,7 @@ class EmulatedCluster:
         tag = f"{PREFIX}{os.getpid()}-{int(time.time() * 1000) % 100000}"
         self.namespaces = [f"{tag}-h{i}" for i in range(hosts)]
         self.bridge_namespace = f"{tag}-br"
-        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
+        self.addresses = _addresses(SUBNET, hosts)  # until `up` takes a subnet of its own
         self.cgroup = f"{CGROUP_CPU}/{tag}-slow" if slow_host is not None else None
         self._watchdog: subprocess.Popen | None = None
         self._holders: list[subprocess.Popen] = []  # one per host: its mount and UTS namespaces
@@ -177,7 +178,9 @@ class EmulatedCluster:
         sweep()
         self._start_watchdog()
         try:
-            self._create()
+            with _subnet_lock():  # two clusters at once (two test processes) get two subnets
+                self.addresses = _addresses(_free_subnet(), self.hosts)
+                self._create()
         except BaseException:
             self.down()
             raise
@@ -511,17 +514,51 @@ def _watch(names: list[str]) -> None:
     teardown(names)
 
 
+def _addresses(subnet: str, hosts: int) -> list[str]:
+    return [f"{subnet}.{i + 1}" for i in range(hosts)]
+
+
+def _address_of(ns: str) -> str | None:
+    """The address of the emulated host whose namespace is `ns` (None: not a host's)."""
+    out = subprocess.run(["ip", "-n", ns, "-j", "addr", "show", "dev", "eth0"],
+                         capture_output=True, text=True).stdout
+    try:
+        return next((a["local"] for link in json.loads(out or "[]")
+                     for a in link.get("addr_info", []) if "local" in a), None)
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _subnet_lock():
+    """Held while a cluster picks its subnet and creates its hosts (a machine-wide lock)."""
+    import fcntl
+
+    with open(os.path.join("/run/lock" if os.path.isdir("/run/lock") else "/tmp",
+                           "tfdist-emulated.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _free_subnet() -> str:
+    """The first of SUBNET's /24 neighbours (10.213.0, 10.213.1, ...) no cluster on this
+    machine uses: `ssh HOST` finds the host by its address."""
+    taken = {address.rsplit(".", 1)[0] for address in map(_address_of, namespaces()) if address}
+    base, third = SUBNET.rsplit(".", 1)
+    for k in range(int(third), 256):
+        if f"{base}.{k}" not in taken:
+            return f"{base}.{k}"
+    raise RuntimeError(f"every subnet {base}.0-255 is taken by an emulated cluster: remove "
+                       "stale ones with `python -m tfdist.emulated down`")
+
+
 def holder_of(address: str) -> int | None:
     """The pid of the process holding the namespaces of the emulated host at `address`."""
     for ns in namespaces():
-        out = subprocess.run(["ip", "-n", ns, "-j", "addr", "show", "dev", "eth0"],
-                             capture_output=True, text=True).stdout
-        try:
-            found = any(a.get("local") == address for link in json.loads(out or "[]")
-                        for a in link.get("addr_info", []))
-        except ValueError:
-            found = False
-        if not found:
+        if _address_of(ns) != address:
             continue
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                                   text=True).stdout.split():

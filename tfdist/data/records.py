@@ -359,7 +359,7 @@ def test_batches(source: RecordSource, batch_size: int = 256, decode: Callable |
 def _decoding_each(decode: Callable) -> Callable:
     """A batch of serialized records -> the batch of what `decode` makes of each, DECODERS
     records at once. One map over the batch, not a dataset element per record: tf.data's cost
-    per element was more than half the input's time a batch of 64 digits records."""
+    per element would be more than half the input's time for a batch of 64 small records."""
     import tensorflow as tf
 
     produced = tf.data.Dataset.from_tensors(tf.constant("")).map(decode).element_spec

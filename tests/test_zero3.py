@@ -1,4 +1,5 @@
-"""ZeRO stage 3 (tfdist.zero.ShardedModel + ZeroOptimizer(stage=3)) on logical CPU devices."""
+"""ZeRO stage 3 (tfdist.zero.ShardedModel, trained by ZeroOptimizer(stage=3)) on logical CPU
+devices."""
 
 import keras
 import numpy as np
@@ -8,6 +9,7 @@ import tensorflow as tf
 from tests.workers import common
 from tfdist._hooks.variables import holds_storage
 from tfdist.comm import ring_bytes
+from tfdist.optimizers import DistributedOptimizer
 from tfdist.zero import LayerShardPlan, ShardedModel, ZeroOptimizer, memory_report
 
 BATCH = 32
@@ -87,6 +89,18 @@ def test_zero3_matches_the_inner_optimizer_step_by_step(mirrored, name):
     # predict runs on the replicas (replica 0 has the BatchNorm statistics get_weights gives)
     np.testing.assert_allclose(model.predict(x[:BATCH], verbose=0)[:BATCH // 4],
                                plain(x[:BATCH // 4]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_keras_optimizer_compiled_into_a_sharded_model_trains_as_the_stage_3_optimizer(
+        mirrored):
+    """`ShardedModel(model).compile(optimizer=Adam)`: one object for stage 3. The optimizer is
+    wrapped in `ZeroOptimizer(stage=3)` (its default, fused update), and 12 steps on 4 replicas
+    equal Adam on the unsharded model."""
+    weights, losses = _reference(mirrored, "adam")
+    model, zero_losses = _fit(mirrored(4), INNER["adam"])
+    assert isinstance(model.optimizer, ZeroOptimizer) and model.optimizer.stage == 3
+    np.testing.assert_allclose(zero_losses, losses, rtol=1e-5, atol=1e-6)
+    common.assert_weights_close(model.get_weights(), weights, rtol=1e-5, atol=1e-6)
 
 
 @keras.saving.register_keras_serializable(package="tfdist_tests")
@@ -294,8 +308,10 @@ def test_bad_input_is_refused_with_the_fix(mirrored):
             ShardedModel(keras.Sequential([keras.Input((4,)), keras.layers.Dense(
                 2, kernel_regularizer="l2")]))
         model = ShardedModel(keras.Model(inputs, shared(shared(inputs))))  # reused: one owner
-        with pytest.raises(ValueError, match="stage=3"):
-            model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        for other in (ZeroOptimizer(keras.optimizers.Adam(), stage=2),
+                      DistributedOptimizer(keras.optimizers.Adam())):
+            with pytest.raises(ValueError, match="stage=3"):
+                model.compile(optimizer=other, loss="mse")
         with pytest.raises(ValueError, match="Expected 2 weights"):
             model.set_weights([np.zeros(1)])
         with pytest.raises(ValueError, match="activity regularizer"):

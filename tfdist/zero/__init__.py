@@ -3,7 +3,7 @@
     model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=1), ...)
 
     model = tfdist.zero.ShardedModel(build_model())          # stage 3, under the strategy
-    model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=3), ...)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), ...)  # trained by ZeroOptimizer(stage=3)
 """
 
 from tfdist.zero.memory import memory_report

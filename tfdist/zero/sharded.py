@@ -37,7 +37,9 @@ from tfdist._hooks.variables import (
     release_storage,
 )
 from tfdist.comm import resolve
+from tfdist.optimizers import DistributedOptimizer
 from tfdist.zero import gather
+from tfdist.zero.optimizer import ZeroOptimizer
 from tfdist.zero.plan import LayerShardPlan, record_parameter_shard
 
 SHARDED = "This parameter is sharded (ZeRO stage 3)"
@@ -61,13 +63,13 @@ class _Hidden:
 class ShardedModel(keras.Model):
     """Wraps a built Keras model so that its parameters are sharded over the replicas (ZeRO 3).
 
-    Create it under the strategy's scope (or after `tfdist.horovod.init()`), compile it with
-    `tfdist.ZeroOptimizer(inner, stage=3)` and train it with `fit`. The wrapped model's
-    parameter variables give up their storage; read the weights through this model
-    (`get_weights`, `set_weights`, `save_weights`, `load_weights`), which gathers or re-shards
-    them (`model.save` is refused: save the weights, or `load_into` a fresh build). Its
-    checkpoints hold the unsharded weights in the wrapped model's order, so they load with any
-    number of replicas and into the unwrapped model (`load_into`).
+    Create it under the strategy's scope (or after `tfdist.horovod.init()`), compile it with a
+    Keras optimizer (wrapped in `tfdist.ZeroOptimizer(inner, stage=3)`) and train it with
+    `fit`. The wrapped model's parameter variables give up their storage; read the weights
+    through this model (`get_weights`, `set_weights`, `save_weights`, `load_weights`), which
+    gathers or re-shards them (`model.save` is refused: save the weights, or `load_into` a
+    fresh build). Its checkpoints hold the unsharded weights in the wrapped model's order, so
+    they load with any number of replicas and into the unwrapped model (`load_into`).
 
     Non-trainable variables (BatchNorm statistics) stay whole on every replica, as in ZeRO.
 
@@ -83,7 +85,7 @@ class ShardedModel(keras.Model):
         strategy = tf.distribute.MirroredStrategy(tfdist.devices.local_devices(2))
         with strategy.scope():
             model = tfdist.zero.ShardedModel(build_model())  # each replica holds half
-            model.compile(optimizer=tfdist.ZeroOptimizer(keras.optimizers.Adam(1e-3), stage=3),
+            model.compile(optimizer=keras.optimizers.Adam(1e-3),  # in ZeroOptimizer(stage=3)
                           loss="sparse_categorical_crossentropy")
         model.fit(x, y, batch_size=64, epochs=1, verbose=0)
         ```
@@ -241,10 +243,16 @@ class ShardedModel(keras.Model):
 
     # -- training ------------------------------------------------------------------------------
     def compile(self, optimizer="rmsprop", *args, **kwargs):
-        if getattr(optimizer, "stage", None) != 3:
-            raise ValueError("A ShardedModel trains with tfdist.ZeroOptimizer(inner, stage=3), "
-                             "which updates each replica's shard from its own gradient shard; "
-                             f"received {optimizer!r}.")
+        """As `keras.Model.compile`; a Keras optimizer (or its name) is wrapped in
+        `tfdist.ZeroOptimizer(optimizer, stage=3)`, which updates each replica's shard from its
+        own gradient shard. Pass that wrapper yourself for its options (offload, accumulation)."""
+        if isinstance(optimizer, DistributedOptimizer):
+            if getattr(optimizer, "stage", None) != 3:
+                raise ValueError("A ShardedModel trains with tfdist.ZeroOptimizer(inner, "
+                                 "stage=3), or a plain Keras optimizer it wraps so; received "
+                                 f"{optimizer!r}.")
+        else:
+            optimizer = ZeroOptimizer(keras.optimizers.get(optimizer), stage=3)
         super().compile(optimizer, *args, **kwargs)
 
     def get_config(self) -> dict[str, Any]:

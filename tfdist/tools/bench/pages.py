@@ -22,7 +22,8 @@ from tfdist.tools.bench.suites import table_of
 
 # suite -> its page in docs/benchmarks
 PAGES = {"collectives": "collectives.md", "comm": "comm.md", "compression": "compression.md",
-         "compressors": "compressor-speed.md", "input": "input.md", "local_sgd": "local-sgd.md",
+         "compressors": "compressor-speed.md", "engines": "overhead.md", "input": "input.md",
+         "local_sgd": "local-sgd.md",
          "memory": "memory.md",
          "models": "models.md", "overhead": "overhead.md", "pipeline": "pipeline.md",
          "pipeline_hosts": "pipeline-hosts.md", "plan": "planner.md",

@@ -249,8 +249,8 @@ class ShardedModel(keras.Model):
         if isinstance(optimizer, DistributedOptimizer):
             if getattr(optimizer, "stage", None) != 3:
                 raise ValueError("A ShardedModel trains with tfdist.ZeroOptimizer(inner, "
-                                 "stage=3), or a plain Keras optimizer it wraps so; received "
-                                 f"{optimizer!r}.")
+                                 "stage=3), or with a plain Keras optimizer, which it wraps in "
+                                 f"one; received {optimizer!r}.")
         else:
             optimizer = ZeroOptimizer(keras.optimizers.get(optimizer), stage=3)
         super().compile(optimizer, *args, **kwargs)

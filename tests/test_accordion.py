@@ -86,6 +86,8 @@ def test_accordion_needs_what_it_switches(mirrored):
         Accordion(mode="rank")
     with pytest.raises(ValueError, match="eta"):
         Accordion(eta=0)
+    with pytest.raises(ValueError, match="`interval` must be an integer >= 1"):
+        Accordion(interval=0)
     with pytest.raises(ValueError, match="tracks gradient norms"):
         _fit(mirrored(2), lambda: tfdist.DistributedOptimizer(keras.optimizers.SGD(0.0)),
              [Accordion()])

@@ -484,6 +484,16 @@ def test_the_coordination_service_store_carries_values_between_workers(tmp_path)
         assert "HEARTBEAT 45000" in r.output.splitlines(), r.output[-2000:]
 
 
+def test_a_heartbeat_outside_its_range_is_refused_before_the_service_is_configured():
+    """`heartbeat_seconds` takes a number in [1, 86400]: a bad one is named before anything
+    of the coordination service is set."""
+    import tfdist
+
+    for bad in (0.5, True, "30"):
+        with pytest.raises(ValueError, match=f"Received: heartbeat_seconds={bad!r}"):
+            tfdist.MultiWorkerMirroredStrategy(heartbeat_seconds=bad)
+
+
 def test_built_and_own_variables_and_weight_decay_exclusions_read_keras_state():
     variables = [keras.Variable([1.0]), keras.Variable([2.0, 3.0])]
     sgd = keras.optimizers.SGD()

@@ -96,6 +96,7 @@ def test_horovod_arguments_are_mapped_or_refused_with_the_alternative():
             ({"op": hvd.Sum, "local_sgd": 4}, "use op=hvd.Average with local_sgd"),
             ({"op": hvd.Adasum}, "op=hvd.Adasum is not implemented"),
             ({"backward_passes_per_step": 2}, "average_aggregated_gradients=True"),
+            ({"backward_passes_per_step": 0}, "Received: backward_passes_per_step=0"),
             ({"device_dense": "/gpu:0"}, "leave them ''"),
             ({"compression": "bf16"}, "hvd.Compression.none or .fp16"),
             ({"compression": hvd.Compression.fp16, "compressor": "topk"}, "not both")):

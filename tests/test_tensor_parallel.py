@@ -326,6 +326,11 @@ def test_tensor_parallel_layers_save_and_load(tmp_path):
 # -- bad input ----------------------------------------------------------------------------------
 def test_tensor_parallel_bad_input():
     four = cpu_devices(4)
+    for build, named in ((lambda: ColumnParallelDense(0, four), "units=0"),
+                         (lambda: ParallelConv2D(True, 3, devices=four), "filters=True"),
+                         (lambda: ParallelMultiHeadAttention(4, 0, devices=four), "key_dim=0")):
+        with pytest.raises(ValueError, match=f"must be an integer >= 1. Received: {named}"):
+            build()
     with pytest.raises(ValueError, match=r"units=10 is not divisible by the 4 devices"):
         ColumnParallelDense(10, four)
     with pytest.raises(ValueError, match=r"input features=6 is not divisible by the 4 devices"):

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
-    return value
+from tfdist.arguments import check_int
 
 
 @dataclass(frozen=True)
@@ -40,8 +36,8 @@ class PeriodicSchedule:
     warmup_steps: int = 0
 
     def __post_init__(self):
-        _check_int("period", self.period, 1)
-        _check_int("warmup_steps", self.warmup_steps, 0)
+        check_int("period", self.period, 1)
+        check_int("warmup_steps", self.warmup_steps, 0)
 
     def is_synchronous(self, step):
         """Step `step` (0-based) all-reduces gradients instead of stepping locally."""
@@ -89,11 +85,11 @@ class HierarchicalSchedule:
     host_size: int | None = None
 
     def __post_init__(self):
-        _check_int("intra_period", self.intra_period, 1)
-        _check_int("inter_period", self.inter_period, 1)
-        _check_int("warmup_steps", self.warmup_steps, 0)
+        check_int("intra_period", self.intra_period, 1)
+        check_int("inter_period", self.inter_period, 1)
+        check_int("warmup_steps", self.warmup_steps, 0)
         if self.host_size is not None:
-            _check_int("host_size", self.host_size, 1)
+            check_int("host_size", self.host_size, 1)
         if self.inter_period % self.intra_period:
             raise ValueError(
                 f"`inter_period` must be a multiple of `intra_period` ({self.intra_period}). "

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.arguments import check_choice, check_int, check_number
 from tfdist.comm import resolve
 from tfdist.optimizers import GradientExchange, TrackNorms, chain_of
 
@@ -74,13 +75,10 @@ class Accordion(keras.callbacks.Callback):
     def __init__(self, eta: float = 0.5, interval: int | None = None, mode: str = "compression",
                  small_steps: int = 1, large_steps: int = 4, verbose: int = 0):
         super().__init__()
-        if not eta > 0:
-            raise ValueError(f"`eta` must be > 0. Received: eta={eta!r}")
-        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)
-                                     or interval < 1):
-            raise ValueError(f"`interval` must be an integer >= 1 or None. Received: {interval!r}")
-        if mode not in MODES:
-            raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
+        check_number("eta", eta, 0, low_open=True)
+        if interval is not None:
+            check_int("interval", interval, 1)
+        check_choice("mode", mode, MODES)
         if not 1 <= small_steps <= large_steps:
             raise ValueError("Need 1 <= small_steps <= large_steps. Received: "
                              f"small_steps={small_steps}, large_steps={large_steps}")

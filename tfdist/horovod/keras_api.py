@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tfdist.arguments import check_int
 from tfdist.comm.horovod import import_horovod
 from tfdist.optimizers import SHORTCUTS, SumOverRanks, parts_from_shortcuts
 from tfdist.optimizers import DistributedOptimizer as _DistributedOptimizer
@@ -88,11 +89,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          "(opt, compressor=..., local_sgd=...)).")
     if op_name not in (Average, Sum):
         raise ValueError(f"`op` must be hvd.Average or hvd.Sum. Received: op={op!r}")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step,
-                                                                   int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"`backward_passes_per_step` must be an int >= 1. Received: "
-                         f"{backward_passes_per_step!r}")
+    check_int("backward_passes_per_step", backward_passes_per_step, 1)
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
         raise ValueError(
             f"backward_passes_per_step={backward_passes_per_step} with "

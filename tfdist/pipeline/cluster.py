@@ -29,6 +29,8 @@ import time
 
 import tensorflow as tf
 
+from tfdist.arguments import check_int
+
 __all__ = ["cluster_devices", "naming_lost_workers", "worker_device"]
 
 JOB = "worker"
@@ -101,9 +103,8 @@ def cluster_devices(stages: int | None = None, replicas: int = 1, resolver=None,
         ```
     """
     for name, value in (("stages", stages), ("replicas", replicas)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError(f"cluster_devices({name}={value!r}): give a positive integer.")
+        if value is not None:
+            check_int(name, value, 1)
     workers, task, resolver = _read_cluster(resolver)
     n = len(workers)
     if stages is None:

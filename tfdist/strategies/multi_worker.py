@@ -17,7 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist._hooks.training import keep_step_logs_local
-from tfdist.arguments import check_choice
+from tfdist.arguments import check_choice, check_number
 
 STEP_LOGS = ("averaged", "local")
 
@@ -69,11 +69,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ):
         self.step_logs = check_choice("step_logs", step_logs, STEP_LOGS)
         if heartbeat_seconds is not None:
-            if isinstance(heartbeat_seconds, bool) or not isinstance(heartbeat_seconds,
-                                                                     (int, float)) \
-                    or not 1 <= heartbeat_seconds <= 86400:
-                raise ValueError(f"`heartbeat_seconds` must be in [1, 86400] or None. Received: "
-                                 f"heartbeat_seconds={heartbeat_seconds!r}")
+            check_number("heartbeat_seconds", heartbeat_seconds, 1, 86400)
             from tfdist._hooks.coordination import configure
 
             resolver = cluster_resolver or \

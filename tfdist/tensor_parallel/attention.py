@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfdist.arguments import check_bool
+from tfdist.arguments import check_bool, check_int
 from tfdist.devices import chosen_devices, on_device
 
 __all__ = ["ParallelMultiHeadAttention"]
@@ -51,8 +51,7 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         for name, value in (("num_heads", num_heads), ("key_dim", key_dim),
                             ("value_dim", value_dim if value_dim is not None else key_dim)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+            check_int(name, value, 1)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim if value_dim is not None else key_dim

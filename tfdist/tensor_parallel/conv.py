@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfdist.arguments import check_bool
+from tfdist.arguments import check_bool, check_int
 from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
@@ -58,8 +58,7 @@ class ParallelConv2D(keras.layers.Layer):
                  input_is_parallel: bool = False, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(filters, int) or filters < 1:
-            raise ValueError(f"filters must be a positive integer, got {filters!r}.")
+        check_int("filters", filters, 1)
         if split not in _SPLITS:
             raise ValueError(f"split={split!r} is not one of {_SPLITS}: 'output' splits the "
                              "filters over the devices, 'input' the input channels.")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfdist.arguments import check_bool
+from tfdist.arguments import check_bool, check_int
 from tfdist.devices import chosen_devices
 from tfdist.tensor_parallel.split import add_kernel_blocks, split_inputs, split_outputs
 
@@ -27,8 +27,7 @@ class _Parallel(keras.layers.Layer):
     def __init__(self, units: int, devices=None, activation=None, use_bias: bool = True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(units, int) or units < 1:
-            raise ValueError(f"units must be a positive integer, got {units!r}.")
+        check_int("units", units, 1)
         self.units = units
         self.devices = chosen_devices(devices, 2, type(self).__name__)
         self.activation = keras.activations.get(activation)

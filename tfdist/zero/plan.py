@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfdist.arguments import check_int
+
 
 class ShardPlan:
     """Flat layout of a list of tensors and its split into `world_size` shards.
@@ -31,8 +33,7 @@ class ShardPlan:
     """
 
     def __init__(self, shapes: Sequence, world_size: int):
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"`world_size` must be an integer >= 1. Received: {world_size!r}")
+        check_int("world_size", world_size, 1)
         self.shapes = [tf.TensorShape(s) for s in shapes]
         for s in self.shapes:
             if not s.is_fully_defined():

@@ -23,9 +23,8 @@ from tfdist.tools.bench.suites import table_of
 # suite -> its page in docs/benchmarks
 PAGES = {"collectives": "collectives.md", "comm": "comm.md", "compression": "compression.md",
          "compressors": "compressor-speed.md", "engines": "overhead.md", "input": "input.md",
-         "local_sgd": "local-sgd.md",
-         "memory": "memory.md",
-         "models": "models.md", "overhead": "overhead.md", "pipeline": "pipeline.md",
+         "local_sgd": "local-sgd.md", "memory": "memory.md", "models": "models.md",
+         "overhead": "overhead.md", "pipeline": "pipeline.md",
          "pipeline_hosts": "pipeline-hosts.md", "plan": "planner.md",
          "stragglers": "stragglers.md"}
 BEGIN = "<!-- generated from data/{name}.json by python -m tfdist.tools.bench.pages -->"

@@ -294,13 +294,13 @@ def test_a_link_down_for_20_s_restarts_the_job_from_its_backup_to_the_same_weigh
 
 
 def test_a_link_down_for_good_stops_the_job_within_its_timeout_naming_the_worker(hosts):
-    """2 workers on 2 remote hosts, `--max-restarts 1`, engine.heartbeat_seconds and
+    """2 workers on 2 remote hosts, `--max-restarts 1`, engine.heartbeat_seconds 15 and
     engine.timeout_seconds 30: worker 1's link goes down in epoch 2 and stays down. The job
     is restarted once; the restart cannot gather the workers and stops after the timeout, worker
     0 naming worker 1 in one line, with no traceback; nothing hangs."""
     cluster, shared = hosts
     launcher, link = _cut_in_epoch_2(cluster, shared / "cut", "--set",
-                                     "engine.heartbeat_seconds=30", "--set",
+                                     "engine.heartbeat_seconds=15", "--set",
                                      "engine.timeout_seconds=30")
     try:
         cut = time.monotonic()
@@ -312,7 +312,7 @@ def test_a_link_down_for_good_stops_the_job_within_its_timeout_naming_the_worker
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode == 1, err[-3000:]
     # Found lost within the heartbeat, restarted, stopped after the timeout (plus start-ups).
-    assert seconds < 30 + 30 + 60, seconds
+    assert seconds < 15 + 30 + 60, seconds
     restarts = [line for line in err.splitlines() if "restarting every worker" in line]
     assert len(restarts) == 1 and "(restart 1 of 1)" in restarts[0], err[-3000:]
     said = rest + err

@@ -482,11 +482,11 @@ def whole(seed):
 def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
     """A TFRecord pipeline of one's own (16 files, interleave, map, shuffle) on 2 TF_CONFIG
     workers: given a `shard` parameter, each worker parses half the records the job trains on
-    plus a read-ahead that does not grow with the job (at most 96 batches of 32; over 20 epochs,
-    at most 58% of the records); without one, each parses them all, and the run says so in one
-    line. Stopped by a termination notice in epoch 17 and run again, the job ends with the
+    plus a read-ahead that does not grow with the job (at most 96 batches of 32; over 10 epochs,
+    at most 65% of the records); without one, each parses them all, and the run says so in one
+    line. Stopped by a termination notice in epoch 9 and run again, the job ends with the
     weights of the run never stopped, and the rerun parses what was left to train (its half),
-    not the 16 epochs before: the pipeline's position is in the backup."""
+    not the 8 epochs before: the pipeline's position is in the backup."""
     import sys
 
     from tests.conftest import ROOT, worker_env
@@ -518,7 +518,7 @@ def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
     def parsed_by_each():  # but the test set (256 records, each worker evaluates it)
         return [int(f.read_text()) - 256 for f in tmp_path.glob("parsed-*")]
 
-    for function, epochs in (("sharded", 20), ("whole", 2)):
+    for function, epochs in (("sharded", 10), ("whole", 2)):
         workers = job(function, epochs, function)
         assert [r.returncode for r in workers] == [0, 0], workers[0].output[-3000:]
         parsed = parsed_by_each()
@@ -533,19 +533,19 @@ def test_your_own_pipeline_read_by_file_on_each_worker(tmp_path):
         else:
             assert all(p >= trained for p in parsed), parsed
 
-    # Backed up every 64 steps; worker 1 gets a notice in epoch 17 (its 16.5 epochs' records).
+    # Backed up every 64 steps; worker 1 gets a notice in epoch 9 (its 8.5 epochs' records).
     backups = ("--set", "train.checkpoint_steps=64")
-    env["NOTICE_AFTER"] = str(int(16.5 * 32 * 32) + 256)
-    noticed = job("sharded", 20, "resumed", *backups)
+    env["NOTICE_AFTER"] = str(int(8.5 * 32 * 32) + 256)
+    noticed = job("sharded", 10, "resumed", *backups)
     assert [r.returncode for r in noticed] == [76, 76], noticed[1].output[-3000:]
     stopped_at = int(re.search(r"backed up step (\d+)", noticed[0].output + noticed[1].output)[1])
     env["NOTICE_AFTER"] = "0"
-    again = job("sharded", 20, "resumed", *backups)
+    again = job("sharded", 10, "resumed", *backups)
     assert [r.returncode for r in again] == [0, 0], again[0].output[-3000:]
-    left = (20 * 32 - stopped_at) * 32  # records each worker has left to train
+    left = (10 * 32 - stopped_at) * 32  # records each worker has left to train
     parsed = parsed_by_each()
     # What is left, tf.data's and Keras' read-ahead (the first iterator fit draws a batch from
-    # and drops fills one shuffle buffer too), not the 16 epochs before: 1.1x + a constant.
+    # and drops fills one shuffle buffer too), not the 8 epochs before: 1.1x + a constant.
     assert all(left <= p <= 1.1 * left + 256 + 24 * 32 for p in parsed), (parsed, left)
     straight = keras.saving.load_model(tmp_path / "sharded" / "run" / "model.keras")
     resumed = keras.saving.load_model(tmp_path / "resumed" / "run" / "model.keras")
@@ -648,7 +648,7 @@ def test_a_record_set_three_times_the_memory_cap_trains_to_the_same_losses(tmp_p
             done = subprocess.run(
                 [*prefix, sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
                  "data.name=records", "--set", f"data.path={records}", "--set",
-                 "model.name=mlp", "--set", "data.global_batch_size=256", "--set",
+                 "model.name=mlp", "--set", "data.global_batch_size=1024", "--set",
                  "train.epochs=1", "--set", "engine.name=single", "--set",
                  f"train.output_dir={tmp_path / name}", "--set", "train.run_name=run", "--set",
                  "train.verbose=0", "--set", "train.save_model=false"],

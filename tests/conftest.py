@@ -38,10 +38,12 @@ WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 # A parallel run (`pytest -n 2`, the README's test command; `--dist loadfile` in pyproject.toml)
 # keeps each module in one process, so its module-scoped multi-process runs are built once (the
 # session-scoped runs below are each used by one module). The longest modules start first, so
-# that no process is left with a long one at the end.
-_LONGEST_FIRST = ("test_hosts", "test_multiprocess", "test_ps", "test_cli", "test_resume",
-                  "test_slurm", "test_horovod_elastic", "test_horovod_migration",
-                  "test_safe_resume")
+# that no process is left with a long one at the end (the order of their times in a `-n 2` run).
+_LONGEST_FIRST = ("test_hosts", "test_records", "test_multiprocess", "test_cli", "test_readme",
+                  "test_ps", "test_zero", "test_safe_resume", "test_data_service", "test_zero3",
+                  "test_resume", "test_local_sgd", "test_horovod_migration", "test_slurm",
+                  "test_compressed_training", "test_pipeline", "test_optimizer", "test_faults",
+                  "test_horovod_elastic", "test_docstrings")
 
 
 def pytest_collection_modifyitems(config, items):

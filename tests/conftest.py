@@ -38,7 +38,8 @@ WORKER = os.path.join(ROOT, "tests", "workers", "train_worker.py")
 # A parallel run (`pytest -n 2`, the README's test command; `--dist loadfile` in pyproject.toml)
 # keeps each module in one process, so its module-scoped multi-process runs are built once (the
 # session-scoped runs below are each used by one module). The longest modules start first, so
-# that no process is left with a long one at the end (the order of their times in a `-n 2` run).
+# that no process is left with a long one at the end (the order of their times in a `-n 2` run):
+# the xdist workers collect, and their order is the order the modules are handed out in.
 _LONGEST_FIRST = ("test_hosts", "test_records", "test_multiprocess", "test_cli", "test_readme",
                   "test_ps", "test_zero", "test_safe_resume", "test_data_service", "test_zero3",
                   "test_resume", "test_local_sgd", "test_horovod_migration", "test_slurm",
@@ -47,7 +48,7 @@ _LONGEST_FIRST = ("test_hosts", "test_records", "test_multiprocess", "test_cli",
 
 
 def pytest_collection_modifyitems(config, items):
-    if not getattr(config.option, "numprocesses", None):  # one process: the files' own order
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the files' own order
         return
     rank = {module: i for i, module in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))

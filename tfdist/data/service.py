@@ -7,7 +7,8 @@ over gRPC. Two processing modes:
 * ``distributed_epoch``: the data workers split the record set's files between them (the
   dispatcher hands out files as they ask), so each pass over the records reads every record
   once across all trainers together;
-* ``parallel_epochs``: every data worker reads every file in each of its passes.
+* ``parallel_epochs``: every data worker reads every file in each of its passes, each pass in
+  an order of its own (two data workers do not hand out the same batches).
 
 What is lost against reading the record set locally (`record_batches`): the batches are not a
 function of the seed and the epoch, so N trainers do not train on one trainer's batches, and a
@@ -103,6 +104,8 @@ def service_batches(files: list[str], batch_size: int, decode: Callable, dispatc
     records = tf.data.Dataset.from_tensor_slices([str(f) for f in files]).interleave(
         tf.data.TFRecordDataset, cycle_length=min(4, len(files)),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    if mode == "parallel_epochs":
+        records = _own_order(records)
     batches = (records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
                .shuffle(SHUFFLE_RECORDS, seed=seed)
                .batch(batch_size, drop_remainder=True)
@@ -112,6 +115,26 @@ def service_batches(files: list[str], batch_size: int, decode: Callable, dispatc
     return batches.apply(tf.data.experimental.service.distribute(
         sharding, service, job_name=name or job_name(files[0], seed, mode),
         max_outstanding_requests=READ_AHEAD))
+
+
+def _own_order(records):
+    """`records` in an order of each pass's own, for parallel_epochs. Every data worker runs
+    the same graph, seeds included: with only the seeded shuffle, two data workers would
+    hand the trainers the same batches. Each pass first orders blocks of `SHUFFLE_RECORDS`
+    encoded records by a seed the data worker takes from its clock as the pass starts."""
+    import tensorflow as tf
+
+    def ordered(seed, index, block):
+        keys = tf.random.stateless_uniform(tf.shape(block), tf.stack([seed, index]))
+        return tf.gather(block, tf.argsort(keys))
+
+    def one_pass(seed):
+        return (records.batch(SHUFFLE_RECORDS).enumerate()
+                .map(lambda index, block: ordered(seed, index, block)).unbatch())
+
+    clock = tf.data.Dataset.from_tensors(0).map(
+        lambda _: tf.cast(tf.timestamp() * 1e6, tf.int64))
+    return clock.flat_map(one_pass)
 
 
 def serve(role: str, port: int, dispatcher: str | None = None,

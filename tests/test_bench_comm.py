@@ -6,8 +6,7 @@ import os
 import pytest
 
 from tests.conftest import horovod_available
-from tests.test_emulated import needs_netns
-from tfdist.tools import emulated
+from tests.test_emulated import needs_netns, own_namespaces
 from tfdist.tools.bench.comm import (
     LIMIT,
     auto_check,
@@ -36,11 +35,6 @@ algorithms:
   local_sgd: {{label: local SGD, config: local_sgd.yaml,
               set: [averaging.warmup_steps=0, averaging.period=4]}}
 """
-
-
-def _ours() -> list[str]:
-    """This process's emulated-cluster namespaces (other jobs' may exist on a shared machine)."""
-    return [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
 
 
 def _spec(tmp_path, timeout=300):
@@ -89,7 +83,7 @@ def test_a_malformed_spec_is_a_config_error(tmp_path):
 def test_bad_input_is_refused_before_anything_is_created(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         load_plan(**kwargs)
-    assert not _ours()
+    assert not own_namespaces()
 
 
 def test_the_baseline_always_runs_and_the_limit_has_no_exchange(tmp_path):
@@ -179,7 +173,7 @@ def test_small_sweep_writes_table_json_and_plots(tmp_path):
     assert f"| 2 | 1gbit | {params:,} |" in picks  # one decision for the one setting
     for png in ("comm_accuracy_2hosts.png", "comm_bytes.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not _ours()
+    assert not own_namespaces()
 
 
 @needs_netns
@@ -190,7 +184,7 @@ def test_a_failed_run_is_reported_and_leaves_nothing_behind(tmp_path):
                  algorithms=["powersgd"])
     saved = json.loads((out / "comm.json").read_text())
     assert len(saved["failures"]) == 3 and "exited with [None, None]" in saved["failures"][0]
-    assert not _ours()
+    assert not own_namespaces()
 
 
 def test_auto_is_judged_against_the_fixed_algorithms_of_its_run():

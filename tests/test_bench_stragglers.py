@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.test_emulated import needs_cgroup, needs_netns
+from tests.test_emulated import needs_cgroup, needs_netns, own_namespaces
 from tfdist.tools import emulated
 from tfdist.tools.bench import stragglers
 from tfdist.tools.config import ConfigError
@@ -131,5 +131,5 @@ def test_a_small_sweep_runs_parameter_servers_beside_a_straggler(tmp_path):
     assert all(r["final_accuracy"] > 0.5 for r in rows)
     assert (out / "stragglers_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "stragglers.json").read_text())["failures"] == []
-    assert not [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
+    assert not own_namespaces()
     assert not [c for c in os.listdir(emulated.CGROUP_CPU) if c.startswith(f"tfd-{os.getpid()}-")]

@@ -34,6 +34,12 @@ else:
 """
 
 
+def own_namespaces() -> list[str]:
+    """This process' emulated-cluster namespaces (the other test process makes its own
+    meanwhile)."""
+    return [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
+
+
 def test_units_are_required_and_parsed():
     assert parse_bandwidth("100mbit") == 100_000_000
     assert parse_bandwidth("10Gbit/s") == 10**10
@@ -46,17 +52,14 @@ def test_units_are_required_and_parsed():
 
 @needs_netns
 def test_bad_input_fails_before_anything_is_created():
-    def ours():  # the other test process may be making namespaces of its own meanwhile
-        return [ns for ns in emulated.namespaces() if ns.startswith(f"tfd-{os.getpid()}-")]
-
-    before = ours()
+    before = own_namespaces()
     with pytest.raises(ValueError, match="hosts=1000"):
         EmulatedCluster(1000, "1gbit")
     with pytest.raises(ValueError, match="hosts=0"):
         EmulatedCluster(0, "1gbit")
     with pytest.raises(ValueError, match="bandwidth 'fast'"):
         EmulatedCluster(2, "fast")
-    assert ours() == before
+    assert own_namespaces() == before
 
 
 @needs_netns

@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import shutil
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -162,6 +163,68 @@ def test_records_of_ones_own_train_with_ones_decode_function(tmp_path, monkeypat
     batch = _batches(data.global_batches(32, seed=0), 1)[0]
     rows = {tuple(np.round(r, 5)) for r in x}
     assert all(tuple(np.round(r, 5)) in rows for r in batch[0])
+
+
+def test_compressed_or_broken_tfrecord_files_convert_or_are_named_leaving_nothing(tmp_path,
+                                                                                  capsys):
+    """TFRecord files written uncompressed, GZIP and ZLIB convert to the records of the
+    uncompressed files, in their order. A file cut short, one that is no TFRecord, and input
+    with no record each stop the conversion with one line naming the file (and the record),
+    leaving no directory; shards without a records.json are refused, and so is a set whose
+    shards are not the ones its records.json counts."""
+    from tfdist.data import convert_tfrecords
+
+    rows = [tf.io.serialize_tensor(tf.fill([3], float(k))).numpy() for k in range(300)]
+    files = []
+    for i, kind in enumerate(["", "GZIP", "ZLIB"]):
+        files.append(str(tmp_path / f"part-{i}.tfrecord"))
+        with tf.io.TFRecordWriter(files[-1], tf.io.TFRecordOptions(compression_type=kind)) as w:
+            for row in rows[i * 100:(i + 1) * 100]:
+                w.write(row)
+    plain = str(tmp_path / "plain.tfrecord")
+    with tf.io.TFRecordWriter(plain) as w:
+        for row in rows:
+            w.write(row)
+    convert_tfrecords(tmp_path / "mixed", files, test_fraction=0.2, seed=3)
+    convert_tfrecords(tmp_path / "plain", [plain], test_fraction=0.2, seed=3)
+    for split in ("train", "test"):
+        mixed, reference = RecordSource(tmp_path / "mixed", split), RecordSource(
+            tmp_path / "plain", split)
+        assert len(mixed) == len(reference) > 0
+        assert mixed.read(range(len(mixed))) == reference.read(range(len(reference)))
+
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(Path(files[1]).read_bytes()[:-40])  # GZIP, its end cut off
+    (tmp_path / "notes.tfrecord").write_text("not records\n")
+    (tmp_path / "empty.tfrecord").write_bytes(b"")
+    for given, said in (([files[0], str(cut)], rf"{cut}: record \d+ is cut short or corrupt "
+                                                r"\(GZIP\)"),
+                        ([str(tmp_path / "notes.tfrecord")], "notes.tfrecord: not a TFRecord"),
+                        ([str(tmp_path / "empty.tfrecord")], "the input holds no records")):
+        with pytest.raises(RecordError, match=said):
+            convert_tfrecords(tmp_path / "failed", given)
+        assert not (tmp_path / "failed").exists()
+    from tfdist.tools.cli import main
+
+    assert main(["data", "convert", "--from", "tfrecord", str(cut), "--out",
+                 str(tmp_path / "failed")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"\ntfdist data convert: {re.escape(str(cut))}: record \d+ is cut short "
+                     r"or corrupt \(GZIP\); mend or leave out that file\n$", err), err
+    assert "Traceback" not in err
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(tmp_path / "mixed", stopped)
+    (stopped / "records.json").unlink()
+    with pytest.raises(RecordError, match="holds shards without a records.json"):
+        convert_tfrecords(stopped, files)
+    grown = tmp_path / "grown"
+    shutil.copytree(tmp_path / "mixed", grown)
+    for f in grown.glob("train-00000-of-*"):
+        shutil.copy(f, grown / f.name.replace("train-00000", "train-00001"))
+    with pytest.raises(RecordError, match=r"holds 2 train shard\(s\) of \d+ records where its "
+                                          r"records.json says 1 of"):
+        RecordSource(grown)
 
 
 @pytest.mark.parametrize("fault", ["garbled", "wrong shape"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import struct
 import sys
 import threading
@@ -99,6 +100,12 @@ class RecordSource:
         self._offsets = [_read_index(f) for f in self.files]
         counts = [len(o) - 1 for o in self._offsets]
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        said = self.meta["splits"].get(split, {})
+        if said and (said["shards"], said["records"]) != (len(self.files), len(self)):
+            raise RecordError(f"data.path: {self.path} holds {len(self.files)} {split} shard(s) "
+                              f"of {len(self):,} records where its {META} says "
+                              f"{said['shards']} of {said['records']:,}: files were added or "
+                              "removed since; write the set again with `tfdist data convert`")
         self.records_read = 0
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -427,23 +434,47 @@ def write_records(out: str | os.PathLike, splits: dict[str, Iterable[bytes]],
                   progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Writes a record set: each split's records (an iterable of serialized records) into
     shards of at most `shard_mb` MB with their indexes, and `records.json` (`meta` plus the
-    counts). A set is complete only once `records.json` is written (last); a directory that
-    holds one already is refused. Returns the meta written."""
+    counts). The shards are written in `out/.writing` and moved into `out` once every split is
+    written, then `records.json` (last): a set is complete only once it is there, and a write
+    that fails leaves no shard behind. A directory that holds a set, or shards of one, is
+    refused. Returns the meta written."""
     out = Path(out)
     if (out / META).exists():
         raise RecordError(f"{out} already holds a record set; choose another directory or "
                           "remove it")
-    out.mkdir(parents=True, exist_ok=True)
     if not 0 < shard_mb <= 2**20:
         raise ValueError(f"`shard_mb` must be in (0, 1048576]. Received: shard_mb={shard_mb}")
-    counts = {}
-    for split, records in splits.items():
-        writer = _ShardWriter(out, split, int(shard_mb * 2**20))
-        for record in records:
-            writer.add(record)
-            if progress is not None:
-                progress(split, writer.count)
-        counts[split] = {"records": writer.count, "shards": len(writer.finish())}
+    left = sorted(out.glob("*-of-*.tfrecord*")) if out.is_dir() else []
+    if left:
+        raise RecordError(f"{out} holds shards without a {META} ({left[0].name}, ...: a "
+                          "conversion that was stopped?); remove them or choose another "
+                          "directory")
+    created = not out.exists()
+    staging = out / ".writing"
+    shutil.rmtree(staging, ignore_errors=True)  # a stopped write's: only this function's files
+    staging.mkdir(parents=True)
+    try:
+        counts, shards = {}, []
+        for split, records in splits.items():
+            writer = _ShardWriter(staging, split, int(shard_mb * 2**20))
+            for record in records:
+                writer.add(record)
+                if progress is not None:
+                    progress(split, writer.count)
+            written = writer.finish()
+            shards += written
+            counts[split] = {"records": writer.count, "shards": len(written)}
+        if not any(c["records"] for c in counts.values()):
+            raise RecordError("the input holds no records; nothing was written")
+        for shard in shards:
+            os.replace(shard.with_name(shard.name + ".index"), out / f"{shard.name}.index")
+            os.replace(shard, out / shard.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    staging.rmdir()
     meta = {"format": FORMAT, **meta, "splits": counts}
     partial = out / f".partial-{META}"
     partial.write_text(json.dumps(meta, indent=2))
@@ -493,8 +524,11 @@ def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: f
                       progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """A record set of the records of TFRecord `files` (read once, in order, never held in
     memory whole): record k goes to the test split when a seeded hash of k falls below
-    `test_fraction`. The records stay yours: train on them with your decode function
-    (`data.decode`). Returns the meta written.
+    `test_fraction`. Each file may be uncompressed, GZIP or ZLIB (found from its first record);
+    the set's shards are uncompressed, as random reads need. The records stay yours: train on
+    them with your decode function (`data.decode`). Returns the meta written. A file that is no
+    TFRecord, or a record cut short or corrupt, is named with the record, and nothing is left
+    that looks like a record set.
 
     Example:
         ```python
@@ -515,15 +549,41 @@ def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: f
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise RecordError(f"{missing[0]}: no such file")
+    compression = {f: _compression_of(f) for f in files}
 
     def records(test: bool) -> Iterator[bytes]:
-        dataset = tf.data.TFRecordDataset(files)
-        for k, record in enumerate(dataset.as_numpy_iterator()):
-            if _in_test(k, test_fraction, seed) == test:
-                yield record
+        k = 0
+        for name in files:
+            read = tf.data.TFRecordDataset(name, compression_type=compression[name])
+            good = 0  # records of this file read
+            try:
+                for record in read.as_numpy_iterator():
+                    if _in_test(k, test_fraction, seed) == test:
+                        yield record
+                    k, good = k + 1, good + 1
+            except tf.errors.DataLossError:
+                raise RecordError(f"{name}: record {good} is cut short or corrupt"
+                                  f"{' (' + compression[name] + ')' if compression[name] else ''}"
+                                  "; mend or leave out that file") from None
 
     return write_records(out, {"train": records(False), "test": records(True)},
                          {"source": "tfrecord"}, shard_mb, progress)
+
+
+def _compression_of(name: str) -> str:
+    """"" (uncompressed), "GZIP" or "ZLIB": the first that reads `name`'s first record."""
+    import tensorflow as tf
+
+    empty = os.path.getsize(name) == 0
+    for kind in ("", "GZIP", "ZLIB"):
+        try:
+            first = list(tf.data.TFRecordDataset(name, compression_type=kind).take(1))
+        except tf.errors.OpError:
+            continue
+        if first or kind or empty:  # bytes that read as no record are no TFRecord
+            return kind
+    raise RecordError(f"{name}: not a TFRecord file (read as uncompressed, GZIP and ZLIB); "
+                      "give TFRecord files, or convert with --from npz or --from images")
 
 
 IMAGE_TYPES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")

@@ -167,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--from", dest="source", required=True,
                          choices=("npz", "tfrecord", "images", "digits"),
                          help="npz: one .npz file holding arrays x and y; tfrecord: TFRecord "
-                              "files (or globs); images: a folder with one subfolder of image "
-                              "files per class; digits: the embedded digits set")
+                              "files (or globs), uncompressed, GZIP or ZLIB; images: a folder "
+                              "with one subfolder of image files per class; digits: the "
+                              "embedded digits set")
     convert.add_argument("inputs", nargs="*", metavar="INPUT", help="the files to convert")
     convert.add_argument("--out", required=True, metavar="DIR",
                          help="the record set's directory (new, or empty)")
@@ -680,6 +681,7 @@ def cmd_data(args) -> int:
                     x, y = arrays["x"], arrays["y"]
             meta = data.convert_arrays(args.out, x, y, **common)
     except (OSError, ValueError) as e:
+        progress.done()  # its line before the error's
         print(f"tfdist data convert: {e}", file=sys.stderr)
         return 2
     finally:

@@ -555,6 +555,12 @@ def test_every_suite_draws_its_rows(tmp_path):
     (["train.profile_step=1000", "train.epochs=2"],
      "train.profile_step: 1000 is past the run's last step (44 = 22 steps x 2 epochs); use at "
      "most 44."),
+    (["data.name=synthetic", "data.input_shape=[12]"],
+     "model.name 'cnn' takes images (height, width, channels); the data's examples are of shape "
+     "(12,): use mlp or transformer (model.name), or a model of your own"),
+    (["model.name=resnet50"], "model.name 'resnet50' takes images of at least 32 x 32 (height, "
+                              "width, channels); the data's examples are of shape (8, 8, 1): use "
+                              "mlp or cnn (model.name)"),
 ])
 def test_values_known_wrong_once_the_data_is_loaded_are_one_line_errors(
         tmp_path, capsys, overrides, message):

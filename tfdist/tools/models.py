@@ -6,10 +6,19 @@ import keras
 
 
 def build_model(name: str, input_shape, num_classes: int, hidden=(64,), **kwargs) -> keras.Model:
-    """Builds one of MODELS by name (see `MODELS` for the choices)."""
+    """Builds one of MODELS by name (see `MODELS` for the choices); a ValueError says when
+    the model does not take examples of `input_shape`, and which one does."""
     if name not in MODELS:
         raise ValueError(f"Unknown model {name!r}; choose one of {sorted(MODELS)}.")
-    return MODELS[name](tuple(input_shape), num_classes, tuple(hidden), **kwargs)
+    rank, what, least = INPUTS.get(name, (None, "", 0))
+    shape = tuple(input_shape)
+    if rank is not None and (len(shape) != rank or min(shape[:2]) < least):
+        fits = [n for n, (r, _, at_least) in INPUTS.items()
+                if r == len(shape) and min(shape[:2] or (0,)) >= at_least]
+        raise ValueError(f"model.name {name!r} takes {what}; the data's examples are of shape "
+                         f"{shape}: use {' or '.join(['mlp', *fits])} (model.name), or a model "
+                         "of your own (model.name: module:function)")
+    return MODELS[name](shape, num_classes, tuple(hidden), **kwargs)
 
 
 def mlp(input_shape, num_classes, hidden) -> keras.Model:
@@ -88,3 +97,8 @@ class PositionEmbedding(keras.layers.Layer):
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "resnet50": resnet50, "transformer": transformer}
+# What a built-in model takes (mlp: any shape): (the rank of one example, what that is, the
+# least height and width).
+INPUTS = {"cnn": (3, "images (height, width, channels)", 1),
+          "resnet50": (3, "images of at least 32 x 32 (height, width, channels)", 32),
+          "transformer": (1, "sequences (one number per position)", 1)}

@@ -353,7 +353,10 @@ def load_data(c: dict[str, Any]) -> Data:
 def make_model(c: dict[str, Any], data: Data) -> keras.Model:
     m = c["model"]
     if m["name"] in MODELS:
-        return build_model(m["name"], data.input_shape, data.num_classes or 10, m["hidden"])
+        try:
+            return build_model(m["name"], data.input_shape, data.num_classes or 10, m["hidden"])
+        except ValueError as e:  # the model does not fit the data (or model.hidden)
+            raise ConfigError(str(e)) from None
     model = _call(user_function(m["name"], "model.name"), dict(m["options"]),
                   {"input_shape": data.input_shape, "num_classes": data.num_classes},
                   "model.options")

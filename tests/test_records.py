@@ -266,6 +266,44 @@ def test_a_record_that_does_not_decode_mid_run_is_named(tmp_path, monkeypatch, f
                   if not p.name.endswith(".partial")) == ["step-4", "step-8"]
 
 
+def test_labels_outside_the_models_classes_are_named_first_record_before_training(
+        tmp_path, monkeypatch):
+    """Records of one's own with 20 classes, trained without data.num_classes (so 10): the
+    run stops with one line naming a record whose label is 10 or more, data.num_classes and
+    the fix, instead of TensorFlow's error of the loss. Where record 0's label is such, the
+    run is refused before anything is made."""
+    from tfdist.data.records import write_records
+    from tfdist.tools.config import load_config
+    from tfdist.tools.errors import ConfigError
+    from tfdist.tools.runner import train
+
+    x, _ = tfdist.data.synthetic_classification(400, (6,), 3, seed=0)
+    rows = [tf.io.serialize_tensor(tf.concat([x[k], [float((k + 3) % 20)]], 0)).numpy()
+            for k in range(400)]
+    (tmp_path / "twenty_decode.py").write_text(
+        "import tensorflow as tf\n\n\ndef decode(record):\n"
+        "    v = tf.io.parse_tensor(record, tf.float32)\n"
+        "    return v[:-1], tf.cast(v[-1], tf.int32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, first in (("later", rows), ("first", [rows[10], *rows[1:]])):  # label 3, or 13
+        write_records(tmp_path / name, {"train": first[:320], "test": first[320:]},
+                      {"source": "tfrecord"})
+        config = load_config(None, [
+            "data.name=records", f"data.path={tmp_path / name}",
+            "data.decode=twenty_decode:decode", "data.global_batch_size=32", "model.name=mlp",
+            f"train.output_dir={tmp_path / name / 'out'}", "train.verbose=0",
+            "engine.name=single"])
+        said = (r"record \d+ of .* \(record \d+ there\) has label 1\d, outside the model's 10 "
+                r"classes \(data.num_classes\)")
+        if name == "later":
+            said += "; training stopped there.*Set data.num_classes to the number of classes"
+        else:
+            said = said.replace(r"record \d+ of", "record 0 of") + ": set data.num_classes"
+        with pytest.raises(ConfigError, match=f"^data.path: {said}"):
+            train(config, progress=False)
+    assert not (tmp_path / "first" / "out").exists()  # refused before the run directory
+
+
 def _train_on_records(strategy, path, directory=None, stop=None):
     """The digits MLP on 2 replicas, 3 epochs of the record set, backed up every 8 steps;
     returns (the model, the records this run read)."""

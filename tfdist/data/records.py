@@ -149,11 +149,13 @@ class RecordSource:
             self._recent.append(indices)
         return out
 
-    def find_bad(self, decode: Callable, x_shape, y_shape) -> str | None:
-        """Which of the records read last (the last `RECENT` reads) `decode` fails on, or
-        decodes to other shapes than (`x_shape`, `y_shape`): said as "record i of FILE (record
-        j there): what"; None when they all decode. For an error in the middle of a run, which
-        TensorFlow reports without the record."""
+    def find_bad(self, decode: Callable, x_shape, y_shape,
+                 classes: int | None = None) -> tuple[str, str] | None:
+        """Which of the records read last (the last `RECENT` reads) `decode` fails on,
+        decodes to other shapes than (`x_shape`, `y_shape`), or to a class label outside
+        [0, `classes`): ("record i of FILE (record j there) <what>", what to do); None when
+        they all decode. For an error in the middle of a run, which TensorFlow reports without
+        the record."""
         import tensorflow as tf
 
         with self._lock:
@@ -165,6 +167,11 @@ class RecordSource:
                 problem = None if shapes == (tuple(x_shape), tuple(y_shape)) else (
                     f"decodes to shapes {list(shapes[0])} and {list(shapes[1])} where record 0 "
                     f"decodes to {list(x_shape)} and {list(y_shape)}")
+                fix = "Mend the record, or make data.decode accept it, and run the same command again"
+                if problem is None and label_problem(y, classes) is not None:
+                    problem, fix = label_problem(y, classes), (
+                        "Set data.num_classes to the number of classes, in another "
+                        f"train.output_dir (the backups are of a model of {classes} classes)")
             except Exception as e:  # noqa: BLE001 (any failure of the user's function is said)
                 said = getattr(e, "message", None) or str(e)  # TensorFlow's: not its op's name
                 said = said.split("}}")[-1].split("[Op:")[0].strip().splitlines()
@@ -172,7 +179,7 @@ class RecordSource:
                 problem = f"does not decode: {type(e).__name__}: {said}"
             if problem is not None:
                 file, number = self.locate(index)
-                return f"record {index} of {file} (record {number} there) {problem}"
+                return f"record {index} of {file} (record {number} there) {problem}", fix
         return None
 
     def _handle(self, shard: int):
@@ -186,6 +193,17 @@ class RecordSource:
 
 
 AGAIN = "write the set again with `tfdist data convert`"
+
+
+def label_problem(y, classes: int | None) -> str | None:
+    """What is wrong with a decoded class label `y` (one integer) for a model of `classes`
+    classes, or None (also for other labels, or no classes)."""
+    if classes is None or not y.dtype.is_integer or y.shape.rank != 0:
+        return None
+    label = int(y)
+    if 0 <= label < classes:
+        return None
+    return f"has label {label}, outside the model's {classes} classes (data.num_classes)"
 
 
 def _load(path: Path, read: Callable[[Path], Any], missing: str):

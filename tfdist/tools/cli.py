@@ -691,7 +691,7 @@ def cmd_data(args) -> int:
     print(f"record set        {args.out}: {splits}")
     print(f"train on it       tfdist train --set data.name=records --set data.path={args.out}"
           + ("" if meta["source"] in ("arrays", "images")
-             else " --set data.decode=module:function"))
+             else " --set data.decode=module:function --set data.num_classes=N"))
     return 0
 
 

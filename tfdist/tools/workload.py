@@ -31,7 +31,7 @@ from tfdist.data import (
     shard_batches,
     synthetic_classification,
 )
-from tfdist.data.records import default_decoder
+from tfdist.data.records import default_decoder, label_problem
 from tfdist.data.records import test_batches as record_test_batches
 from tfdist.data.service import ServiceError, check_dispatcher, service_batches
 from tfdist.optimizers import chain_of
@@ -116,9 +116,9 @@ class Workload:
             bad = self.data.find_bad()
             if bad is None:
                 raise
-            raise ConfigError(f"data.path: {bad}; training stopped there, the backups are "
-                              "kept. Mend the record, or make data.decode accept it, and run "
-                              "the same command again") from e
+            record, fix = bad
+            raise ConfigError(f"data.path: {record}; training stopped there, the backups are "
+                              f"kept. {fix}") from e
 
 
 @dataclass
@@ -253,12 +253,14 @@ class Data:
 
         return shaped
 
-    def find_bad(self) -> str | None:
-        """A record set's record read last that does not decode as record 0 did, said
-        (`RecordSource.find_bad`); None: none (or no record set)."""
+    def find_bad(self) -> tuple[str, str] | None:
+        """A record set's record read last that does not decode as record 0 did, or whose
+        label the model has no class for, and what to do (`RecordSource.find_bad`); None: none
+        (or no record set)."""
         if not self.records:
             return None
-        return next(filter(None, (source.find_bad(self.decode, self.input_shape, self.label_shape)
+        return next(filter(None, (source.find_bad(self.decode, self.input_shape, self.label_shape,
+                                                  self.num_classes)
                                   for source in (self.train, self.test))), None)
 
     def test_batches(self):
@@ -298,6 +300,11 @@ def _records(d: dict[str, Any]) -> Data:
     classes = train.meta.get("num_classes", d["num_classes"])
     if not y.dtype.is_integer:
         classes = None  # regression targets
+    wrong = label_problem(y, classes)
+    if wrong is not None:
+        file, number = train.locate(0)
+        raise ConfigError(f"data.path: record 0 of {file} (record {number} there) {wrong}: "
+                          "set data.num_classes to the number of classes")
     service = None
     if d["service"] is not None:
         try:

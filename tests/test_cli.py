@@ -321,6 +321,29 @@ def test_a_missing_user_function_is_named(tmp_path):
     assert out.returncode == 2 and "or your own function as 'module.path:function'" in out.stderr
 
 
+def test_your_own_dataset_with_labels_past_its_classes_is_said_in_one_line(tmp_path, capsys,
+                                                                            monkeypatch):
+    """A tf.data dataset of one's own with 20 classes, trained without data.num_classes (so
+    10): one line naming data.num_classes and the fix, where TensorFlow's error of the loss
+    was a traceback."""
+    from tfdist.tools.cli import main
+
+    (tmp_path / "twenty_classes.py").write_text(
+        "import tensorflow as tf\n\n\ndef data(seed):\n"
+        "    ds = tf.data.Dataset.range(640).map(\n"
+        "        lambda k: (tf.fill([4], tf.cast(k, tf.float32)), tf.cast(k % 20, tf.int32)))\n"
+        "    return ds.skip(128), ds.take(128)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["train", "--set", "data.name=twenty_classes:data", "--set", "model.name=mlp",
+                 "--set", "train.steps_per_epoch=4", "--set", "engine.name=single", "--set",
+                 f"train.output_dir={tmp_path / 'out'}", "--set", "train.verbose=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "tfdist train: data.name: twenty_classes:data gave a label outside the model's 10 "
+        "classes (below 0, or 10 or more: data.num_classes); set data.num_classes to the number "
+        "of classes"], err
+
+
 PLAIN_KERAS_LOAD = """
 import sys
 from pathlib import Path

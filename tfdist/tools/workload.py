@@ -113,6 +113,11 @@ class Workload:
         try:
             yield
         except tf.errors.OpError as e:
+            if LABEL_OUTSIDE in str(e):  # your own dataset's (`_labels_checked`)
+                raise ConfigError(f"data.name: {self.config['data']['name']} gave a label "
+                                  f"outside the model's {self.data.num_classes} classes (below 0, "
+                                  f"or {self.data.num_classes} or more: data.num_classes); set "
+                                  "data.num_classes to the number of classes") from None
             bad = self.data.find_bad()
             if bad is None:
                 raise
@@ -320,6 +325,28 @@ def _records(d: dict[str, Any]) -> Data:
                 service=service)
 
 
+LABEL_OUTSIDE = "tfdist: a class label outside [0, data.num_classes)"
+
+
+def _labels_checked(dataset, classes: int):
+    """Your own dataset of (x, y) examples with integer class labels, each label checked to be
+    one of the model's `classes` as it is read (the loss would fail with TensorFlow's error);
+    anything else as it is."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return dataset
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2 and spec[1].dtype.is_integer
+            and spec[1].shape.rank == 0):
+        return dataset
+
+    def check(x, y):
+        inside = tf.logical_and(y >= 0, y < tf.cast(classes, y.dtype))
+        with tf.control_dependencies([tf.debugging.Assert(inside, [LABEL_OUTSIDE, y])]):
+            return x, tf.identity(y)
+
+    return dataset.map(check)
+
+
 def load_data(c: dict[str, Any]) -> Data:
     d = c["data"]
     if d["name"] == "records":
@@ -343,7 +370,7 @@ def load_data(c: dict[str, Any]) -> Data:
         except (TypeError, ValueError):
             raise ConfigError(f"data.name: {d['name']} must return (train, test): two (x, y) "
                               "array pairs or two tf.data datasets of (x, y) examples.") from None
-        return train, test
+        return _labels_checked(train, d["num_classes"]), _labels_checked(test, d["num_classes"])
 
     train, test = call((0, 1))
     if isinstance(train, tf.data.Dataset):

@@ -168,8 +168,9 @@ class RecordSource:
                     f"decodes to shapes {list(shapes[0])} and {list(shapes[1])} where record 0 "
                     f"decodes to {list(x_shape)} and {list(y_shape)}")
                 fix = "Mend the record, or make data.decode accept it, and run the same command again"
-                if problem is None and label_problem(y, classes) is not None:
-                    problem, fix = label_problem(y, classes), (
+                label = label_problem(y, classes) if problem is None else None
+                if label is not None:
+                    problem, fix = label, (
                         "Set data.num_classes to the number of classes, in another "
                         f"train.output_dir (the backups are of a model of {classes} classes)")
             except Exception as e:  # noqa: BLE001 (any failure of the user's function is said)

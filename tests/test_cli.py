@@ -342,6 +342,13 @@ def test_your_own_dataset_with_labels_past_its_classes_is_said_in_one_line(tmp_p
         "tfdist train: data.name: twenty_classes:data gave a label outside the model's 10 "
         "classes (below 0, or 10 or more: data.num_classes); set data.num_classes to the number "
         "of classes"], err
+    # Integer targets of a regression (a loss other than sparse crossentropy) are no classes.
+    from tfdist.tools.config import load_config
+    from tfdist.tools.workload import load_data
+
+    data = load_data(load_config(None, ["data.name=twenty_classes:data", "train.loss=mse"]))
+    labels = np.concatenate([y for _, y in data.global_batches(64, seed=0).take(8)])
+    assert sorted(set(labels.tolist())) == list(range(20))
 
 
 PLAIN_KERAS_LOAD = """

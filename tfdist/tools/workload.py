@@ -189,6 +189,14 @@ class Data:
     label_shape: tuple | None = None  # records: one example's label, as decoded
     # records through the tf.data service: (the dispatcher's host:port, the processing mode)
     service: tuple[str, str] | None = None
+    # Integer labels are class indices (a sparse crossentropy loss), each checked to be one of
+    # the model's `num_classes` as it is read (records and your own datasets).
+    class_labels: bool = False
+
+    @property
+    def classes(self) -> int | None:
+        """The classes each integer label must be one of, or None: not checked."""
+        return self.num_classes if self.class_labels else None
 
     def label_rank(self) -> int | None:
         """The dimensions of a batch of labels (None: not known before they are read)."""
@@ -233,7 +241,7 @@ class Data:
             batches = global_batches(x, y, batch_size, seed=seed, start=start)
         elif self.sharded is not None and count > 1:  # each pipeline reads its own files
             local = self.sharded(index, count).batch(batch_size // count, drop_remainder=True)
-            return resume(_labels_checked(local, self.num_classes).repeat(), start)
+            return resume(_labels_checked(local, self.classes).repeat(), start)
         else:
             if count > 1 and not self._warned:
                 self._warned = True
@@ -242,7 +250,7 @@ class Data:
                       "reading of its share); give the function a `shard` parameter to read "
                       "only its own files (docs/guides/data.md)", file=sys.stderr, flush=True)
             batches = resume(_labels_checked(self.train.batch(batch_size, drop_remainder=True),
-                                             self.num_classes).repeat(), start)
+                                             self.classes).repeat(), start)
         return batches if count == 1 else shard_batches(batches, index, count)
 
     def global_batches(self, batch_size: int, seed: int, start=0) -> tf.data.Dataset:
@@ -266,7 +274,7 @@ class Data:
         if not self.records:
             return None
         return next(filter(None, (source.find_bad(self.decode, self.input_shape, self.label_shape,
-                                                  self.num_classes)
+                                                  self.classes)
                                   for source in (self.train, self.test))), None)
 
     def test_batches(self):
@@ -275,10 +283,10 @@ class Data:
             return [(x, y)]
         if self.records:
             return record_test_batches(self.test, decode=self._shaped())
-        return _labels_checked(self.test.batch(256), self.num_classes)
+        return _labels_checked(self.test.batch(256), self.classes)
 
 
-def _records(d: dict[str, Any]) -> Data:
+def _records(d: dict[str, Any], class_labels: bool) -> Data:
     """data.name records: the train and test splits of the record set at data.path, decoded
     by data.decode (default: the decoder of records converted from arrays); the first record
     decoded now, so a decode function that does not fit says so before training."""
@@ -306,7 +314,7 @@ def _records(d: dict[str, Any]) -> Data:
     classes = train.meta.get("num_classes", d["num_classes"])
     if not y.dtype.is_integer:
         classes = None  # regression targets
-    wrong = label_problem(y, classes)
+    wrong = label_problem(y, classes if class_labels else None)
     if wrong is not None:
         file, number = train.locate(0)
         raise ConfigError(f"data.path: record 0 of {file} (record {number} there) {wrong}: "
@@ -323,7 +331,7 @@ def _records(d: dict[str, Any]) -> Data:
               "resume does not restore the data position (docs/guides/data.md)",
               file=sys.stderr, flush=True)
     return Data(train, test, shape, classes, decode, label_shape=tuple(y.shape),
-                service=service)
+                service=service, class_labels=class_labels)
 
 
 LABEL_OUTSIDE = "tfdist: a class label outside [0, data.num_classes)"
@@ -349,8 +357,10 @@ def _labels_checked(batches: tf.data.Dataset, classes: int | None) -> tf.data.Da
 
 def load_data(c: dict[str, Any]) -> Data:
     d = c["data"]
+    loss = c["train"]["loss"].lower()
+    class_labels = "sparse" in loss and "crossentropy" in loss  # labels are class indices
     if d["name"] == "records":
-        return _records(d)
+        return _records(d, class_labels)
     if d["name"] == "digits":
         train = load_digits("train", d["test_fraction"], d["seed"])
         return Data(train, load_digits("test", d["test_fraction"], d["seed"]), (8, 8, 1), 10)
@@ -376,7 +386,7 @@ def load_data(c: dict[str, Any]) -> Data:
     if isinstance(train, tf.data.Dataset):
         x_spec = train.element_spec[0]
         takes_shard = "shard" in inspect.signature(function).parameters
-        return Data(train, test, tuple(x_spec.shape), d["num_classes"],
+        return Data(train, test, tuple(x_spec.shape), d["num_classes"], class_labels=class_labels,
                     sharded=(lambda i, n: call((i, n))[0]) if takes_shard else None,
                     name=d["name"])
     (x, y), _ = train, test

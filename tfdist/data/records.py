@@ -30,7 +30,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -448,15 +448,19 @@ def _example(x: np.ndarray, y: np.ndarray) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_records(out: str | os.PathLike, splits: dict[str, Iterable[bytes]],
+def write_records(out: str | os.PathLike,
+                  records: Iterable[tuple[str, bytes]] | Mapping[str, Iterable[bytes]],
                   meta: dict[str, Any], shard_mb: float = 256.0,
-                  progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
-    """Writes a record set: each split's records (an iterable of serialized records) into
-    shards of at most `shard_mb` MB with their indexes, and `records.json` (`meta` plus the
-    counts). The shards are written in `out/.writing` and moved into `out` once every split is
-    written, then `records.json` (last): a set is complete only once it is there, and a write
-    that fails leaves no shard behind. A directory that holds a set, or shards of one, is
-    refused. Returns the meta written."""
+                  progress: Callable[[str, int], None] | None = None,
+                  splits: tuple[str, ...] = ("train", "test")) -> dict[str, Any]:
+    """Writes a record set in one pass over `records`, (split, serialized record) pairs (or
+    a mapping of each split to its records, the splits then being its keys): each split of
+    `splits` into shards of at most `shard_mb` MB with their indexes, and `records.json`
+    (`meta` plus each split's counts, 0 for a split given no record). The shards are written in
+    `out/.writing` and moved into `out` once every record is written, then `records.json`
+    (last): a set is complete only once it is there, and a write that fails leaves no shard
+    behind. A directory that holds a set, or shards of one, is refused. Returns the meta
+    written."""
     out = Path(out)
     if (out / META).exists():
         raise RecordError(f"{out} already holds a record set; choose another directory or "
@@ -468,21 +472,23 @@ def write_records(out: str | os.PathLike, splits: dict[str, Iterable[bytes]],
         raise RecordError(f"{out} holds shards without a {META} ({left[0].name}, ...: a "
                           "conversion that was stopped?); remove them or choose another "
                           "directory")
+    if isinstance(records, Mapping):
+        splits, records = tuple(records), ((s, r) for s, rs in records.items() for r in rs)
     created = not out.exists()
     staging = out / ".writing"
     shutil.rmtree(staging, ignore_errors=True)  # a stopped write's: only this function's files
     staging.mkdir(parents=True)
+    writers = {split: _ShardWriter(staging, split, int(shard_mb * 2**20)) for split in splits}
     try:
-        counts, shards = {}, []
-        for split, records in splits.items():
-            writer = _ShardWriter(staging, split, int(shard_mb * 2**20))
-            for record in records:
-                writer.add(record)
-                if progress is not None:
-                    progress(split, writer.count)
-            written = writer.finish()
-            shards += written
-            counts[split] = {"records": writer.count, "shards": len(written)}
+        for split, record in records:
+            if split not in writers:
+                raise ValueError(f"a record of split {split!r}, not one of splits={splits!r}")
+            writers[split].add(record)
+            if progress is not None:
+                progress(split, writers[split].count)
+        shards = [shard for writer in writers.values() for shard in writer.finish()]
+        counts = {split: {"records": w.count, "shards": len(w.written)}
+                  for split, w in writers.items()}
         if not any(c["records"] for c in counts.values()):
             raise RecordError("the input holds no records; nothing was written")
         for shard in shards:
@@ -533,21 +539,21 @@ def convert_arrays(out: str | os.PathLike, x: np.ndarray, y: np.ndarray,
             "y": {"dtype": y.dtype.name, "shape": list(y.shape[1:])}}
     if np.issubdtype(y.dtype, np.integer):
         meta["num_classes"] = int(y.max()) + 1
-    return write_records(out, {"train": (_example(x[i], y[i]) for i in train),
-                               "test": (_example(x[i], y[i]) for i in test)},
-                         meta, shard_mb, progress)
+    return write_records(out, ((split, _example(x[i], y[i]))
+                               for split, ids in (("train", train), ("test", test))
+                               for i in ids), meta, shard_mb, progress)
 
 
 def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: float = 0.2,
                       seed: int = 0, shard_mb: float = 256.0,
                       progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
-    """A record set of the records of TFRecord `files` (read once, in order, never held in
-    memory whole): record k goes to the test split when a seeded hash of k falls below
-    `test_fraction`. Each file may be uncompressed, GZIP or ZLIB (found from its first record);
-    the set's shards are uncompressed, as random reads need. The records stay yours: train on
-    them with your decode function (`data.decode`). Returns the meta written. A file that is no
-    TFRecord, or a record cut short or corrupt, is named with the record, and nothing is left
-    that looks like a record set.
+    """A record set of the records of TFRecord `files` (read once, in order, in one pass that
+    writes both splits, never held in memory whole): record k goes to the test split when a
+    seeded hash of k falls below `test_fraction`. Each file may be uncompressed, GZIP or ZLIB
+    (found from its first record); the set's shards are uncompressed, as random reads need.
+    The records stay yours: train on them with your decode function (`data.decode`). Returns
+    the meta written. A file that is no TFRecord, or a record cut short or corrupt, is named
+    with the record, and nothing is left that looks like a record set.
 
     Example:
         ```python
@@ -570,23 +576,21 @@ def convert_tfrecords(out: str | os.PathLike, files: list[str], test_fraction: f
         raise RecordError(f"{missing[0]}: no such file")
     compression = {f: _compression_of(f) for f in files}
 
-    def records(test: bool) -> Iterator[bytes]:
+    def records() -> Iterator[tuple[str, bytes]]:
         k = 0
         for name in files:
             read = tf.data.TFRecordDataset(name, compression_type=compression[name])
             good = 0  # records of this file read
             try:
                 for record in read.as_numpy_iterator():
-                    if _in_test(k, test_fraction, seed) == test:
-                        yield record
+                    yield "test" if _in_test(k, test_fraction, seed) else "train", record
                     k, good = k + 1, good + 1
             except tf.errors.DataLossError:
                 raise RecordError(f"{name}: record {good} is cut short or corrupt"
                                   f"{' (' + compression[name] + ')' if compression[name] else ''}"
                                   "; mend or leave out that file") from None
 
-    return write_records(out, {"train": records(False), "test": records(True)},
-                         {"source": "tfrecord"}, shard_mb, progress)
+    return write_records(out, records(), {"source": "tfrecord"}, shard_mb, progress)
 
 
 def _compression_of(name: str) -> str:
@@ -661,20 +665,18 @@ def convert_images(out: str | os.PathLike, folder: str | os.PathLike,
         raise ValueError(f"`image_size` must be (height, width), each >= 1. Received: "
                          f"image_size={image_size!r}")
 
-    def records(test: bool) -> Iterator[bytes]:
+    def records() -> Iterator[tuple[str, bytes]]:
         for k, (path, label) in enumerate(images):
-            if _in_test(k, test_fraction, seed) == test:
-                features = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(
-                                value=[decoded(path)[0]])),
-                            "label": tf.train.Feature(int64_list=tf.train.Int64List(
-                                value=[label]))}
-                yield tf.train.Example(features=tf.train.Features(
-                    feature=features)).SerializeToString()
+            features = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(
+                            value=[decoded(path)[0]])),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+            yield ("test" if _in_test(k, test_fraction, seed) else "train",
+                   tf.train.Example(features=tf.train.Features(
+                       feature=features)).SerializeToString())
 
     meta = {"source": "images", "classes": classes, "num_classes": len(classes),
             "image_size": list(image_size), "channels": channels}
-    return write_records(out, {"train": records(False), "test": records(True)}, meta,
-                         shard_mb, progress)
+    return write_records(out, records(), meta, shard_mb, progress)
 
 
 def _in_test(k: int, test_fraction: float, seed: int) -> bool:
@@ -687,30 +689,29 @@ def _in_test(k: int, test_fraction: float, seed: int) -> bool:
 
 
 class Progress:
-    """One line redrawn on a terminal (records written, rate), a line per split elsewhere."""
+    """The records written so far, each split's, with their rate: one line redrawn on a
+    terminal, the line once at the end elsewhere."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.began = time.time()
-        self.split: str | None = None
-        self.count = 0
+        self.counts: dict[str, int] = {}
 
     def __call__(self, split: str, count: int) -> None:
-        if split != self.split:
-            self.done()
-            self.split, self.began = split, time.time()
-        self.count = count
+        self.counts[split] = count
         if self.tty and count % 1000 == 0:
             self._show("\r")
 
     def _show(self, start: str) -> None:
-        rate = self.count / max(time.time() - self.began, 1e-9)
-        self.stream.write(f"{start}{self.split}: {self.count:,} records ({rate:,.0f}/s)")
+        total = sum(self.counts.values())
+        rate = total / max(time.time() - self.began, 1e-9)
+        said = ", ".join(f"{n:,} {split}" for split, n in self.counts.items())
+        self.stream.write(f"{start}records written: {said} ({rate:,.0f}/s)")
         self.stream.flush()
 
     def done(self) -> None:
-        if self.split is not None:
+        if self.counts:
             self._show("\r" if self.tty else "")
             self.stream.write("\n")
-            self.split = None
+            self.counts = {}

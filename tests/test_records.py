@@ -227,6 +227,51 @@ def test_compressed_or_broken_tfrecord_files_convert_or_are_named_leaving_nothin
         RecordSource(grown)
 
 
+def test_a_conversion_killed_mid_write_leaves_no_set_and_the_next_one_writes_it(tmp_path):
+    """`tfdist data convert` killed (SIGKILL) while writing leaves nothing that reads as a
+    record set; the same command run again writes the set a conversion never stopped writes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT, worker_env
+    from tfdist.data import convert_tfrecords
+    from tfdist.tools.cli import main
+
+    files = [str(tmp_path / f"part-{i}.tfrecord.gz") for i in range(4)]
+    row = np.arange(2000, dtype=np.float32).tobytes()
+    for name in files:
+        with tf.io.TFRecordWriter(name, tf.io.TFRecordOptions(compression_type="GZIP")) as w:
+            for k in range(1500):
+                w.write(row[k % 64:] + k.to_bytes(4, "little"))
+    command = [sys.executable, "-m", "tfdist.tools.cli", "data", "convert", "--from", "tfrecord", *files,
+               "--out", str(tmp_path / "killed"), "--shard-mb", "2"]
+    writing = tmp_path / "killed" / ".writing"
+    process = subprocess.Popen(command, cwd=ROOT, env=worker_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (writing.is_dir() and any(writing.iterdir())):
+            assert process.poll() is None and time.monotonic() < deadline, "never wrote"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        process.kill()
+    with pytest.raises(RecordError, match="has no records.json"):
+        RecordSource(tmp_path / "killed")
+    assert main(command[3:]) == 0  # the same command again, in this process
+    convert_tfrecords(tmp_path / "whole", files, shard_mb=2)
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == sorted(
+        p.name for p in (tmp_path / "whole").iterdir())
+    for split in ("train", "test"):
+        killed, whole = RecordSource(tmp_path / "killed", split), RecordSource(
+            tmp_path / "whole", split)
+        assert len(killed) == len(whole) > 0
+        assert killed.read(range(len(killed))) == whole.read(range(len(whole)))
+
+
 @pytest.mark.parametrize("fault", ["garbled", "wrong shape"])
 def test_a_record_that_does_not_decode_mid_run_is_named(tmp_path, monkeypatch, fault):
     """A record set of one's own with one bad record, first read in step 11: `tfdist train`

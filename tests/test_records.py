@@ -51,6 +51,42 @@ def test_a_record_set_gives_the_global_batches_of_its_arrays(digits_records):
             np.testing.assert_array_equal(b, d)
 
 
+def test_past_the_stored_order_each_batch_is_computed_alone_to_the_same_batches(
+        digits_records, monkeypatch):
+    """Of more examples than `STORED_ORDER_MAX` (lowered here to 100) an epoch's order is a
+    keyed bijection, computed batch by batch: still every example once an epoch, another order
+    each epoch and seed; a record set's slices, and the global batches of its arrays, are that
+    order cut into batches, from any start, and a resume reads nothing before its position."""
+    from tfdist.data import datasets
+
+    monkeypatch.setattr(datasets, "STORED_ORDER_MAX", 100)
+    for n in (101, 1024, 1025, 4099):
+        orders = [tfdist.data.epoch_order(n, seed, e).numpy() for seed, e in
+                  ((7, 0), (7, 1), (8, 0))]
+        for order in orders:
+            assert sorted(order.tolist()) == list(range(n))
+        assert (orders[0] != orders[1]).mean() > 0.9 and (orders[0] != orders[2]).mean() > 0.9
+    path, (x, y) = digits_records
+    per_epoch = len(y) // BATCH
+    order = np.concatenate([tfdist.data.epoch_order(len(y), 7, e).numpy()[:per_epoch * BATCH]
+                            for e in range(3)]).reshape(-1, BATCH)
+    for start in (0, per_epoch - 1):
+        expected = order[start:start + per_epoch + 2]
+        arrays = _batches(tfdist.data.global_batches(x, y, BATCH, seed=7, start=start),
+                          len(expected))
+        slices = [_batches(record_batches(RecordSource(path), BATCH, seed=7, shard=(i, 2),
+                                          start=start), len(expected)) for i in range(2)]
+        for step, ids in enumerate(expected):
+            np.testing.assert_array_equal(arrays[step][1], y[ids])
+            np.testing.assert_array_equal(np.concatenate([s[step][0] for s in slices]), x[ids])
+    source = RecordSource(path)
+    first = _batches(record_batches(source, BATCH, seed=7, start=10_000), 1)[0]
+    ids = tfdist.data.epoch_order(len(y), 7, 10_000 // per_epoch).numpy()
+    at = 10_000 % per_epoch * BATCH
+    np.testing.assert_array_equal(first[1], y[ids[at:at + BATCH]])
+    assert source.records_read < per_epoch * BATCH
+
+
 @pytest.mark.parametrize("count", [2, 4])
 def test_each_reader_reads_only_its_slice_and_the_slices_make_the_global_batch(digits_records,
                                                                                count):

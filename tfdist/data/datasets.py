@@ -73,9 +73,17 @@ def synthetic_classification(
     return x, y
 
 
+# Orders of more examples than this are computed batch by batch (`_keyed_order`), never whole:
+# a stored shuffle takes about 18 bytes an example in every reading process at each epoch's
+# start, a keyed bijection of the batch's positions nothing more than the batch.
+STORED_ORDER_MAX = 2**24
+
+
 def epoch_order(num_examples: int, seed: int, epoch, shuffle: bool = True) -> tf.Tensor:
     """The example order of data epoch `epoch`: a stateless shuffle seeded by (seed, epoch), so
-    a pure function of its arguments (the same in any process, graph or engine).
+    a pure function of its arguments (the same in any process, graph or engine). Of more than
+    `STORED_ORDER_MAX` examples, a keyed bijection of the positions instead, which the global
+    batches compute batch by batch, holding no order of the whole epoch.
 
     Example:
         ```python
@@ -86,8 +94,85 @@ def epoch_order(num_examples: int, seed: int, epoch, shuffle: bool = True) -> tf
     order = tf.range(num_examples, dtype=tf.int64)
     if not shuffle:
         return order
+    if num_examples > STORED_ORDER_MAX:
+        return _keyed_order(order, num_examples, seed, epoch)
     seeds = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
     return tf.random.experimental.stateless_shuffle(order, seed=seeds)
+
+
+KEYED_BATCHES = 16  # batches' indices computed at once: a map's cost is mostly per call
+
+
+def _keyed_order(positions: tf.Tensor, num_examples: int, seed: int, epoch) -> tf.Tensor:
+    """The examples at `positions` (int64, in [0, num_examples)) of a pseudo-random order of
+    [0, num_examples) keyed by (seed, epoch): a 4-round Feistel network on the bits that cover
+    num_examples (two halves, one a bit wider when they are odd), applied again to any value
+    past the end (cycle walking, fewer than 2 times on average), so a bijection of
+    [0, num_examples) computed from the positions alone. (TensorFlow's
+    `tf.random.experimental.index_shuffle` is one too, but its consecutive outputs correlate:
+    0.03 to 0.08 over 8 seeds at 20 million, 0.18 at 5 billion, against |0.03| here, chance.)"""
+    bits = max(2, int(num_examples - 1).bit_length())
+    low = bits // 2
+    mask = {w: tf.constant(2**w - 1, tf.uint64) for w in (low, bits - low)}
+    key = _mix(tf.cast(seed, tf.uint64) * tf.constant(0xD1B54A32D192ED03, tf.uint64)
+               + tf.cast(epoch, tf.uint64))
+    keys = [_mix(key + tf.constant(r, tf.uint64)) for r in range(4)]
+    end, shift = tf.constant(num_examples, tf.uint64), tf.constant(low, tf.uint64)
+
+    def permute(x):
+        left, right = tf.bitwise.right_shift(x, shift), tf.bitwise.bitwise_and(x, mask[low])
+        width = bits - low  # the left half's; the halves swap widths each round
+        for k in keys:
+            left, right = right, tf.bitwise.bitwise_xor(
+                left, tf.bitwise.bitwise_and(_mix(tf.bitwise.bitwise_xor(right, k)), mask[width]))
+            width = bits - width
+        return tf.bitwise.bitwise_or(tf.bitwise.left_shift(left, shift), right)
+
+    (walked,) = tf.while_loop(lambda x: tf.reduce_any(x >= end),
+                              lambda x: (tf.where(x >= end, permute(x), x),),
+                              (permute(tf.cast(positions, tf.uint64)),))
+    return tf.cast(walked, tf.int64)
+
+
+def _mix(x: tf.Tensor) -> tf.Tensor:
+    """SplitMix64's finaliser: every bit of a uint64 tensor stirred into every other."""
+    x = x + tf.constant(0x9E3779B97F4A7C15, tf.uint64)
+    for shift, times in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(shift, tf.uint64)))
+        x = x * tf.constant(times, tf.uint64)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(31, tf.uint64)))
+
+
+def batch_indices(num_examples: int, global_batch_size: int, seed: int, shuffle: bool,
+                  repeat: bool, first: tf.Tensor, shard: tuple[int, int] = (0, 1)):
+    """The example indices of slice shard[0] of shard[1] of each global batch, from global
+    batch `first` (an int64 scalar tensor) on: data epoch e is the examples in the order
+    `epoch_order(num_examples, seed, e)`, cut into num_examples // global_batch_size batches.
+    Nothing before `first` is computed; of more than `STORED_ORDER_MAX` examples, each batch's
+    indices are computed as it is drawn."""
+    index, count = shard
+    per_epoch, local = num_examples // global_batch_size, global_batch_size // count
+    first_epoch = first // per_epoch
+    epochs = tf.data.Dataset.range(first_epoch, tf.int64.max if repeat else first_epoch + 1)
+
+    def stored(e):
+        order = epoch_order(num_examples, seed, e, shuffle)[:per_epoch * global_batch_size]
+        return tf.data.Dataset.from_tensor_slices(
+            tf.reshape(order, [per_epoch, count, local])[:, index])
+
+    def keyed(e):
+        def positions(b):
+            at = (b[:, None] * global_batch_size + index * local
+                  + tf.range(local, dtype=tf.int64)[None])
+            return _keyed_order(at, num_examples, seed, e) if shuffle else at
+
+        begin = tf.where(e == first_epoch, first - first_epoch * per_epoch, 0)
+        return tf.data.Dataset.range(begin, per_epoch).batch(KEYED_BATCHES).map(
+            positions).unbatch()
+
+    if num_examples > STORED_ORDER_MAX:
+        return epochs.flat_map(keyed)
+    return epochs.flat_map(stored).skip(first - first_epoch * per_epoch)
 
 
 def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = True,
@@ -127,19 +212,10 @@ def global_batches(x, y, global_batch_size: int, seed: int = 0, shuffle: bool = 
         )
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"`seed` must be an int >= 0. Received: seed={seed!r}")
-    per_epoch = n // global_batch_size
     xs, ys = tf.constant(x), tf.constant(y)
-
-    def sequence(first):
-        first_epoch = first // per_epoch
-        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max if repeat else first_epoch + 1)
-        batches = epochs.flat_map(lambda e: tf.data.Dataset.from_tensor_slices(tf.reshape(
-            epoch_order(n, seed, e, shuffle)[:per_epoch * global_batch_size],
-            [per_epoch, global_batch_size])))
-        return batches.skip(first - first_epoch * per_epoch)
-
-    batches = _origin(start).flat_map(sequence).map(lambda i: (tf.gather(xs, i),
-                                                              tf.gather(ys, i)))
+    batches = _origin(start).flat_map(lambda first: batch_indices(
+        n, global_batch_size, seed, shuffle, repeat, first)).map(
+            lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
     # Said to be endless, a repeating sequence spares every multi-worker step tf.distribute's
     # check that all workers still have data (a collective call per step, for a last partial
     # batch that never comes).

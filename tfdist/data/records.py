@@ -328,7 +328,7 @@ def record_batches(source: RecordSource, global_batch_size: int, seed: int = 0,
     """
     import tensorflow as tf
 
-    from tfdist.data.datasets import _origin, epoch_order
+    from tfdist.data.datasets import _origin, batch_indices
 
     n = len(source)
     index, count = shard
@@ -340,15 +340,10 @@ def record_batches(source: RecordSource, global_batch_size: int, seed: int = 0,
         raise ValueError(f"`global_batch_size` must be in [1, {n}] (the records) and divide by "
                          f"{count} (the slices). Received: global_batch_size={global_batch_size!r}")
     decode = decode or decode_example(source.meta)
-    per_epoch, local = n // global_batch_size, global_batch_size // count
+    local = global_batch_size // count
 
-    def sequence(first):
-        first_epoch = first // per_epoch
-        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max if repeat else first_epoch + 1)
-        slices = epochs.flat_map(lambda e: tf.data.Dataset.from_tensor_slices(tf.reshape(
-            epoch_order(n, seed, e, shuffle)[:per_epoch * global_batch_size],
-            [per_epoch, count, local])[:, index]))
-        return slices.skip(first - first_epoch * per_epoch)  # index vectors only: nothing read
+    def sequence(first):  # index vectors only: nothing read
+        return batch_indices(n, global_batch_size, seed, shuffle, repeat, first, shard)
 
     def read(ids):
         return tf.ensure_shape(tf.py_function(lambda i: np.array(source.read(i.numpy()),

@@ -42,6 +42,7 @@ _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data
 READ_AHEAD = 1  # batches read at once, ahead of the one being decoded
 RECENT = 16  # reads whose records `find_bad` looks through after a failure
+OPEN_INDEXES = 64  # shards' indexes mapped at once by a RecordSource
 DECODERS = max(2, os.cpu_count() or 2)  # records decoded at once
 
 
@@ -97,8 +98,8 @@ class RecordSource:
         if not self.files:
             raise RecordError(f"data.path: {self.path} holds no {split} records "
                               f"({split}-*.tfrecord); write them with `tfdist data convert`")
-        self._offsets = [_read_index(f) for f in self.files]
-        counts = [len(o) - 1 for o in self._offsets]
+        counts = [len(_read_index(f)) - 1 for f in self.files]  # each checked, then let go
+        self._indexes: dict[int, np.ndarray] = {}  # shard -> its offsets, mapped
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         said = self.meta["splits"].get(split, {})
         if said and (said["shards"], said["records"]) != (len(self.files), len(self)):
@@ -130,7 +131,8 @@ class RecordSource:
         out = []
         for index, shard in zip(indices.tolist(), shards.tolist(), strict=True):
             within = index - int(self._first[shard])
-            begin, end = self._offsets[shard][within], self._offsets[shard][within + 1]
+            offsets = self._index(shard)
+            begin, end = offsets[within], offsets[within + 1]
             handle = self._handle(shard)
             handle.seek(int(begin))
             framed = handle.read(int(end - begin))
@@ -183,6 +185,20 @@ class RecordSource:
                 return f"record {index} of {file} (record {number} there) {problem}", fix
         return None
 
+    def _index(self, shard: int) -> np.ndarray:
+        """Shard `shard`'s record offsets, mapped from its index file, not read into this
+        process: the page cache holds what is read of them, once for all the processes of a
+        host. At most OPEN_INDEXES are mapped at once (each holds a file descriptor): the one
+        mapped first goes first."""
+        offsets = self._indexes.get(shard)
+        if offsets is None:
+            offsets = _read_index(self.files[shard])
+            with self._lock:
+                self._indexes[shard] = offsets
+                while len(self._indexes) > OPEN_INDEXES:
+                    del self._indexes[next(iter(self._indexes))]
+        return offsets
+
     def _handle(self, shard: int):
         """This thread's open file of `shard` (tf.data calls `read` from several threads)."""
         handles = getattr(self._local, "handles", None)
@@ -229,9 +245,11 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 def _read_index(shard: Path) -> np.ndarray:
+    """`shard`'s offsets (its record starts, then its end), mapped from its index file and
+    checked against the shard's size."""
     index = shard.with_name(shard.name + ".index")
-    offsets = _load(index, lambda p: np.load(p, allow_pickle=False),
-                    f"{shard}: no index ({index.name})")
+    offsets = _load(index, lambda p: np.load(p, mmap_mode="r", allow_pickle=False),
+                    f"{shard}: no index ({index.name})").view(np.ndarray)
     size = shard.stat().st_size
     if offsets.ndim != 1 or len(offsets) < 1 or offsets[-1] != size:
         end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else 0

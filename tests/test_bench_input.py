@@ -22,12 +22,15 @@ def test_the_resume_rows_count_what_a_record_set_and_a_stream_read(tmp_path):
         {"kind": "service", "input": "through the tf.data service", "trained": 4224,
          "trainers_decoded": 1, "data_decoded": 7962, "step_ms": 6.26, "test_accuracy": 0.8886},
         {"kind": "format", "format": "ArrayRecord", "record_bytes": 3072, "records": 5000,
-         "per_s": 12345.6, "write_s": 0.5, "mb": 15.7}]}
+         "per_s": 12345.6, "write_s": 0.5, "mb": 15.7},
+        {"kind": "order", "examples": 50_000_000, "way": "keyed", "first_s": 0.304,
+         "per_s": 8035.2, "mb": 17.2}]}
     table = suite.page_table(result)
     assert "| 2 | 1,408 | 760 | 54.0% |" in table and "| 200 |" in table
     assert "| record set | 2.5 ms |  |" in table
     assert "| through the tf.data service | 4,224 | 1 | 7,962 | 6.3 ms | 0.8886 |" in table
     assert "5,000 records of 3,072 bytes" in table and "| ArrayRecord | 12,346 | 0.50 s | 15.7 MB |" \
         in table
+    assert "| 50,000,000 | each batch's computed alone | 0.30 s | 8,035 | 17 MB |" in table
     png = plots.input_suite(result["rows"], tmp_path / "input.png")
     assert png.read_bytes()[:4] == b"\x89PNG"

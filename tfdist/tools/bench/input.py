@@ -2,7 +2,7 @@
 
     tfdist bench --suite input [--quick] [--out DIR]
 
-Three measurements, on the digits set converted to a record set in OUT/records (and, for the
+Six measurements, on the digits set converted to a record set in OUT/records (and, for the
 comparisons, the same records read as a plain TFRecord pipeline, or as arrays in memory):
 
 * reads: `tfdist train` on the record set as 1, 2 and 4 TF_CONFIG workers (processes on
@@ -20,7 +20,10 @@ comparisons, the same records read as a plain TFRecord pipeline, or as arrays in
   median step;
 * format: random batches of 64 records read from a record set (TFRecord files with an index of
   byte offsets) against the same records in ArrayRecord (Grain's format; measured where the
-  `array-record` package is installed): records per second and the files' size.
+  `array-record` package is installed): records per second and the files' size;
+* order: what one of 8 readers spends on an epoch's order of 1, 50 and 200 million examples,
+  stored whole (a shuffle) against each batch's indices computed alone (tfdist's way past
+  `tfdist.data.datasets.STORED_ORDER_MAX` examples): time and peak memory.
 
 On hosts that share this machine's 2 cores the reads and the resume are what to look at; a
 decode's cost per step depends on the cores a host has.
@@ -324,6 +327,53 @@ def service_rows(path: Path, epochs: int, progress) -> list[dict]:
     return rows
 
 
+# One reader's epoch order, in a process of its own (its peak memory is the process'):
+# `stored` holds the whole epoch's shuffle, as tfdist does up to STORED_ORDER_MAX examples.
+_ORDER = """
+import json, sys, time
+import tensorflow as tf
+from tfdist.data import datasets
+n, way, batch, readers = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+datasets.STORED_ORDER_MAX = n if way == "stored" else 0
+def kb(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field))
+with open("/proc/self/clear_refs", "w") as peak:
+    peak.write("5")  # the peak resident memory starts again from here
+before = kb("VmRSS:")
+began = time.perf_counter()
+slices = iter(datasets.batch_indices(n, batch, 0, True, True, tf.constant(0, tf.int64),
+                                     (0, readers)))
+next(slices)
+first = time.perf_counter() - began
+began = time.perf_counter()
+for _ in range(2000):
+    next(slices)
+print(json.dumps({"first_s": first, "per_s": 2000 / (time.perf_counter() - began),
+                  "mb": (kb("VmHWM:") - before) / 1024}))
+"""
+
+
+def order_rows(sizes: tuple[int, ...], progress) -> list[dict]:
+    """What one of 8 readers spends on each epoch's order of `sizes` examples (global batch
+    1,024): the whole epoch's shuffle stored, against each batch's indices computed alone (a
+    keyed bijection, what tfdist does past `STORED_ORDER_MAX`): the time to the first slice,
+    slices per second after it, and the process' peak memory above its start."""
+    import subprocess
+
+    rows = []
+    for n in sizes:
+        for way in ("stored", "keyed"):
+            progress(f"bench: input: an epoch's order of {n:,} examples, {way}")
+            done = subprocess.run([sys.executable, "-c", _ORDER, str(n), way, "1024", "8"],
+                                  capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"the order of {n:,} ({way}) failed: {done.stderr[-2000:]}")
+            rows.append({"kind": "order", "examples": n, "way": way,
+                         **json.loads(done.stdout.splitlines()[-1])})
+    return rows
+
+
 def run_input(quick: bool, out: str) -> dict:
     """Runs the suite; writes OUT/input.md, .json and .png."""
     from tfdist.tools.bench import plots
@@ -341,7 +391,9 @@ def run_input(quick: bool, out: str) -> dict:
     rows = (read_rows(path, workers, epochs, progress) + resume_rows(path, starts, progress)
             + step_rows(path, 30 if quick else 100, progress)
             + service_rows(path, epochs, progress)
-            + format_rows(out_dir, 5_000 if quick else 100_000, 3_072, progress))
+            + format_rows(out_dir, 5_000 if quick else 100_000, 3_072, progress)
+            + order_rows((1_000_000, 20_000_000) if quick
+                         else (1_000_000, 50_000_000, 200_000_000), progress))
     result = {**stamp(command), "batch": BATCH, "epochs": epochs, "rows": rows}
     table = page_table(result)
     (out_dir / "input.md").write_text(f"Command: `{command}`\n\n{table}\n")
@@ -350,6 +402,9 @@ def run_input(quick: bool, out: str) -> dict:
     print(table)
     print(f"bench: wrote {out_dir / 'input.md'}, {out_dir / 'input.json'} and {png}")
     return result
+
+
+ORDER_WAYS = {"stored": "stored whole (a shuffle)", "keyed": "each batch's computed alone"}
 
 
 def _ms(value: float | None) -> str:
@@ -388,8 +443,14 @@ def page_table(result: dict) -> str:
                    "bytes (batches of 64 random indices):", "", *formats]
     else:
         formats = []
+    order = ["| examples | the epoch's order | first slice | slices/s | peak memory |",
+             "|---:|---|---:|---:|---:|"]
+    order += [f"| {r['examples']:,} | {ORDER_WAYS[r['way']]} | {r['first_s']:.2f} s | "
+              f"{r['per_s']:,.0f} | {r['mb']:,.0f} MB |" for r in rows if r["kind"] == "order"]
+    order = ["", "One of 8 readers' epoch order (global batch 1,024, slices of 128):", "",
+             *order] if len(order) > 2 else []
     return "\n".join([f"Each worker's reads ({result['epochs']} epochs of the digits record set, "
                       f"global batch {result['batch']}):", "", *reads, "",
                       "A resumed run's first batch:", "", *resume, "",
                       "One device's training step (the digits MLP):", "", *step, *service,
-                      *formats])
+                      *formats, *order])

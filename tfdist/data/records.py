@@ -364,8 +364,7 @@ def record_batches(source: RecordSource, global_batch_size: int, seed: int = 0,
         return batch_indices(n, global_batch_size, seed, shuffle, repeat, first, shard)
 
     def read(ids):
-        return tf.ensure_shape(tf.py_function(lambda i: np.array(source.read(i.numpy()),
-                                                                 dtype=object),
+        return tf.ensure_shape(tf.py_function(lambda i: _EXIT.read(source, i.numpy()),
                                               [ids], tf.string), [local])
 
     # Reads run READ_AHEAD batches ahead, decodes DECODERS records at once: what a run reads
@@ -390,9 +389,57 @@ def test_batches(source: RecordSource, batch_size: int = 256, decode: Callable |
     n = len(source)
     return (tf.data.Dataset.range(0, n, batch_size)
             .map(lambda b: tf.ensure_shape(tf.py_function(
-                lambda s: np.array(source.read(range(int(s), min(int(s) + batch_size, n))),
-                                   dtype=object), [b], tf.string), [None]))
+                lambda s: _EXIT.read(source, range(int(s), min(int(s) + batch_size, n))),
+                [b], tf.string), [None]))
             .map(_decoding_each(decode)))
+
+
+class _ReadsAtExit:
+    """The reads tf.data's threads make for record datasets (their `py_function`s), ended
+    before the interpreter's: an iterator still alive then (one in a global) is destroyed while
+    the interpreter finalizes, and waits for a read in flight that can no longer take the GIL,
+    forever. At exit (`atexit`, registered with the first read), reads stop: each one still
+    asked for returns at once, and the exit waits until none has run for a moment."""
+
+    QUIET_S = 0.2  # no read started for this long: tf.data's threads wait for their consumer
+    LONGEST_S = 10.0
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ending = False
+        self._registered = False
+        self._last = 0.0  # when the last read started or ended
+        self._running = 0
+
+    def read(self, source: RecordSource, indices) -> np.ndarray:
+        with self._lock:
+            if not self._registered:
+                import atexit
+
+                atexit.register(self.end)
+                self._registered = True
+            self._running += 1
+            self._last = time.monotonic()
+        try:
+            if self._ending:  # empty records, which nothing trains on: an error would print
+                return np.array([b""] * len(indices), dtype=object)
+            return np.array(source.read(indices), dtype=object)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._last = time.monotonic()
+
+    def end(self) -> None:
+        self._ending = True
+        deadline = time.monotonic() + self.LONGEST_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._running and time.monotonic() - self._last > self.QUIET_S:
+                    return
+            time.sleep(0.02)
+
+
+_EXIT = _ReadsAtExit()
 
 
 def _decoding_each(decode: Callable) -> Callable:

@@ -74,7 +74,7 @@ def synthetic_classification(
 
 
 # Orders of more examples than this are computed batch by batch (`_keyed_order`), never whole:
-# a stored shuffle takes about 18 bytes an example in every reading process at each epoch's
+# a stored shuffle takes about 17 bytes an example in every reading process at each epoch's
 # start, a keyed bijection of the batch's positions nothing more than the batch.
 STORED_ORDER_MAX = 2**24
 

@@ -684,6 +684,36 @@ def test_a_worker_that_never_joins_stops_the_start_within_the_timeout_in_one_lin
         assert "Epoch 1/" not in out
 
 
+@pytest.mark.multiprocess
+def test_workers_given_different_configs_stop_before_training_naming_each_value(tmp_path):
+    """2 TF_CONFIG workers, one with another learning rate and data seed (a host's stale
+    config; before, the job trained on, each worker stepping with its own rate): both stop
+    before anything is built, in the same line naming each key and value; their own output
+    directories may differ."""
+    from tfdist.tools.launch import held_ports, release_ports, tf_config
+
+    ports = held_ports(2)
+    own = {0: [], 1: ["--set", "optimizer.learning_rate=0.01", "--set", "data.seed=3"]}
+    try:
+        workers = [subprocess.Popen(
+            [*TFDIST, "train", "--set", "engine.name=multi_worker", "--set", "engine.devices=1",
+             "--set", f"train.output_dir={tmp_path / str(i)}", *own[i]],
+            cwd=ROOT, env={**worker_env(), "TF_CONFIG": tf_config(i, ports)},
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (0, 1)]
+        done = [p.communicate(timeout=120) for p in workers]
+    finally:
+        release_ports()
+    said = ("tfdist train: the workers were given different configs: data.seed is 0 on worker "
+            "0, 3 on worker 1; optimizer.learning_rate is 0.002 on worker 0, 0.01 on worker 1. "
+            "Give every worker the same config file and --set values; only data.path, "
+            "optimizer.offload_dir, train.output_dir, train.run_name, train.verbose may differ")
+    for p, (out, err) in zip(workers, done, strict=True):
+        assert p.returncode == 2, err[-3000:]
+        assert said in err and "Traceback" not in err, err[-3000:]
+        assert "Epoch 1/" not in out
+    assert not (tmp_path / "0").exists() and not (tmp_path / "1").exists()
+
+
 def test_tfdist_quiet_after_tensorflow_says_it_comes_too_late(tmp_path):
     """TFDIST_QUIET=1 with keras (so TensorFlow) imported before tfdist cannot hide the lines
     TensorFlow printed while it loaded: one line says so and what to do."""

@@ -72,8 +72,57 @@ def verify_same_model(
         )
 
 
+SHOWN = 64  # bytes of a value's text a message shows; a longer value is shown by its digest
+
+
 def _number(value: int | str) -> int:
     return int(value) if isinstance(value, (int, np.integer)) else zlib.crc32(str(value).encode())
+
+
+def _shown(value: int | str) -> str:
+    text = str(value)
+    return text if len(text.encode()) <= SHOWN else f"{_number(value):#010x}"
+
+
+def setup_differences(
+    setup: dict[str, int | str],
+    communicator: Communicator,
+    run: Callable[[Callable[[], tf.Tensor]], tf.Tensor] | None = None,
+    process: int | None = None,
+) -> dict[str, dict[int, str]]:
+    """The keys of `setup` whose values differ between the workers, each with every worker's
+    value as text ({key: {worker: text}}; a text over 64 bytes as its CRC32 digest); empty
+    when every worker has the same values. Every worker gets the same answer: one all-gather
+    of a number per key (ints as they are, strings by their CRC32), and a second of the
+    differing keys' texts only where there are some.
+
+    Args:
+        setup: This worker's values.
+        communicator: Where to all-gather them.
+        run: Runs a collective function in the right context (see `verify_same_model`).
+        process: This process's index, which names it in the answer (its replicas give one
+            entry); None names each replica by its rank.
+    """
+    if communicator.world_size == 1 or not setup:
+        return {}
+    run = run or (lambda f: f())
+    keys = sorted(setup)
+    mine = np.array([[-1 if process is None else process]
+                     + [_number(setup[k]) for k in keys]], dtype=np.int64)
+    table = np.asarray(run(lambda: communicator.all_gather(tf.constant(mine))))
+    table = table.reshape(communicator.world_size, -1)
+    names = [int(p) if p >= 0 else r for r, p in enumerate(table[:, 0])]
+    differ = [j for j in range(len(keys)) if not (table[:, j + 1] == table[0, j + 1]).all()]
+    if not differ:
+        return {}
+    texts = np.zeros((1, len(differ) * SHOWN), np.int64)
+    for i, j in enumerate(differ):
+        encoded = _shown(setup[keys[j]]).encode()
+        texts[0, i * SHOWN:i * SHOWN + len(encoded)] = np.frombuffer(encoded, np.uint8)
+    gathered = np.asarray(run(lambda: communicator.all_gather(tf.constant(texts))))
+    gathered = gathered.reshape(communicator.world_size, len(differ), SHOWN)
+    return {keys[j]: {name: bytes(gathered[r, i].astype(np.uint8)).rstrip(b"\0").decode(
+        errors="replace") for r, name in enumerate(names)} for i, j in enumerate(differ)}
 
 
 def verify_same_setup(
@@ -82,8 +131,9 @@ def verify_same_setup(
     run: Callable[[Callable[[], tf.Tensor]], tf.Tensor] | None = None,
 ) -> None:
     """Raises ValueError on every worker if any worker's `setup` differs (steps per epoch,
-    epochs, the optimizer's configuration...): ints are compared as they are, strings by their
-    CRC32. Workers that disagree would otherwise wait for each other in different collectives.
+    epochs, the optimizer's configuration...), naming each worker's value (a long text by its
+    CRC32 digest). Workers that disagree would otherwise wait for each other in different
+    collectives.
 
     Example:
         ```python
@@ -92,19 +142,12 @@ def verify_same_setup(
         engine.verify_same_setup({"steps_per_epoch": 22, "optimizer": "adam"})
         ```
     """
-    if communicator.world_size == 1 or not setup:
-        return
-    keys = sorted(setup)
-    mine = np.array([[_number(setup[k]) for k in keys]], dtype=np.int64)
-    gathered = (run or (lambda f: f()))(lambda: communicator.all_gather(tf.constant(mine)))
-    table = np.asarray(gathered).reshape(communicator.world_size, -1)
+    differences = setup_differences(setup, communicator, run)
     lines = []
-    for j, key in enumerate(keys):
-        column = table[:, j]
-        if not (column == column[0]).all():
-            shown = [f"{v:#010x}" if isinstance(setup[key], str) else str(v) for v in column]
-            lines.append(f"  {key}{' (digest)' if isinstance(setup[key], str) else ''}: "
-                         + ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown)))
+    for key, values in differences.items():
+        digest = " (digest)" if _shown(setup[key]) != str(setup[key]) else ""
+        lines.append(f"  {key}{digest}: "
+                     + ", ".join(f"rank {r}: {v}" for r, v in values.items()))
     if lines:
         raise ValueError(
             "The workers' training setups differ:\n" + "\n".join(lines) + "\nEvery worker "

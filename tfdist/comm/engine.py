@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.comm.base import ByteCounter, Communicator, LocalCommunicator
-from tfdist.comm.consistency import verify_same_model, verify_same_setup
+from tfdist.comm.consistency import setup_differences, verify_same_model, verify_same_setup
 
 # name -> engine class, in detection order (highest `priority` first).
 ENGINES: dict[str, type[Engine]] = {}
@@ -160,6 +160,15 @@ class Engine(abc.ABC):
         (`tfdist.comm.verify_same_setup`); only processes are compared."""
         if self.multi_process:
             verify_same_setup(setup, self.communicator(), run=self._run_collective)
+
+    def setup_differences(self, setup: dict[str, int | str]) -> dict[str, dict[int, str]]:
+        """The keys of `setup` whose values differ between the processes, with each process's
+        value as text ({key: {process index: text}}), the same answer on every process; empty
+        when they agree (`tfdist.comm.consistency.setup_differences`)."""
+        if not self.multi_process:
+            return {}
+        return setup_differences(setup, self.communicator(), run=self._run_collective,
+                                 process=self.process_index)
 
     def _run_collective(self, fn: Callable[[], tf.Tensor]) -> tf.Tensor:
         return self._run(lambda _: fn())

@@ -33,6 +33,8 @@ def start_job(config: dict[str, Any]) -> JobEngine:
     name = config["engine"]["name"]
     try:
         return ENGINES.lookup(name)().start(config)
+    except ConfigError:  # the processes' configs differ (JobEngine.agree)
+        raise
     except (ValueError, ImportError) as e:  # ImportError: Horovod not built here, say
         raise ConfigError(f"engine.name is {name!r}: {e}") from None
 

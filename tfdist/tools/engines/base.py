@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Callable
@@ -31,9 +32,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tfdist.registry import Registry
+from tfdist.tools.errors import ConfigError
 from tfdist.tools.parts import make_offload, make_parts
 
 Config = dict[str, dict[str, Any]]
+
+# The keys the processes of one job may set differently: where each host keeps its files and
+# reads the record set, and how much it prints. Every other key must be the same everywhere.
+PER_PROCESS = ("data.path", "optimizer.offload_dir", "train.output_dir", "train.run_name",
+               "train.verbose")
 
 
 class JobEngine:
@@ -109,7 +116,20 @@ class JobEngine:
         self.config = config
         self.options = self.read_options(config["engine"]["options"])
         self.strategy, self.engine = self.make(config)
+        self.agree(config)
         return self
+
+    def agree(self, config: Config) -> None:
+        """Stops the job the same way on every process, before anything is built, where its
+        processes were given different configs (a host's stale copy, a `--set` on one host
+        only): a ConfigError naming each key that differs and every process's value. Only
+        `PER_PROCESS` may differ. One all-gather over the engine's collectives; an engine
+        whose processes run none with each other overrides it."""
+        differences = self.engine.setup_differences(
+            {key: json.dumps(value, sort_keys=True) for key, value in _keys(config)
+             if key not in PER_PROCESS})
+        if differences:
+            raise ConfigError(_different_configs(differences))
 
     # -- the job -----------------------------------------------------------------------------------
     @property
@@ -284,6 +304,37 @@ class JobEngine:
 
 ENGINES: Registry[JobEngine] = Registry("engine", JobEngine)
 register = ENGINES.register
+
+
+def _keys(config: Config):
+    """('section.key', value) for every key of the config."""
+    return ((f"{section}.{key}", value) for section, values in config.items()
+            for key, value in values.items())
+
+
+def _different_configs(differences: dict[str, dict[int, str]], shown: int = 4) -> str:
+    """One line: each differing key (the first `shown`) with its values and the workers of
+    each, and the fix."""
+    said = []
+    for key, values in list(differences.items())[:shown]:
+        workers: dict[str, list[int]] = {}
+        for worker, text in sorted(values.items()):
+            workers.setdefault(text, []).append(worker)
+        said.append(f"{key} is " + ", ".join(
+            f"{text} on {_workers(ranks)}" for text, ranks in list(workers.items())[:3])
+            + (", ..." if len(workers) > 3 else ""))
+    more = f" (and {len(differences) - shown} more keys)" if len(differences) > shown else ""
+    return (f"the workers were given different configs: {'; '.join(said)}{more}. Give every "
+            "worker the same config file and --set values; only "
+            f"{', '.join(PER_PROCESS)} may differ (each host's own paths and output).")
+
+
+def _workers(ranks: list[int], listed: int = 6) -> str:
+    if len(ranks) == 1:
+        return f"worker {ranks[0]}"
+    names = ", ".join(map(str, ranks[:listed]))
+    return f"workers {names}" + (f" and {len(ranks) - listed} more" if len(ranks) > listed
+                                 else "")
 
 
 def _state_bytes(optimizer) -> dict[str, int]:

@@ -62,6 +62,10 @@ class ParameterServer(JobEngine):
 
         return None, ParameterServerEngine()
 
+    def agree(self, config):
+        """Workers and servers run no collectives with each other: their configs are not
+        compared (the servers build the model and optimizer from their own)."""
+
     @property
     def role(self):
         return "ps" if self.engine.cluster.is_ps else "worker"

@@ -688,8 +688,8 @@ def test_a_worker_that_never_joins_stops_the_start_within_the_timeout_in_one_lin
 def test_workers_given_different_configs_stop_before_training_naming_each_value(tmp_path):
     """2 TF_CONFIG workers, one with another learning rate and data seed (a host's stale
     config; before, the job trained on, each worker stepping with its own rate): both stop
-    before anything is built, in the same line naming each key and value; their own output
-    directories may differ."""
+    before anything is built, in the same line naming each key and value (the versions agree);
+    their own output directories may differ."""
     from tfdist.tools.launch import held_ports, release_ports, tf_config
 
     ports = held_ports(2)
@@ -703,10 +703,11 @@ def test_workers_given_different_configs_stop_before_training_naming_each_value(
         done = [p.communicate(timeout=120) for p in workers]
     finally:
         release_ports()
-    said = ("tfdist train: the workers were given different configs: data.seed is 0 on worker "
-            "0, 3 on worker 1; optimizer.learning_rate is 0.002 on worker 0, 0.01 on worker 1. "
-            "Give every worker the same config file and --set values; only data.path, "
-            "optimizer.offload_dir, train.output_dir, train.run_name, train.verbose may differ")
+    said = ("tfdist train: the workers differ: data.seed is 0 on worker 0, 3 on worker 1; "
+            "optimizer.learning_rate is 0.002 on worker 0, 0.01 on worker 1. Give every worker "
+            "the same config file and --set values, tfdist and TensorFlow, and data; only "
+            "data.path, optimizer.offload_dir, train.output_dir, train.run_name, train.verbose "
+            "may differ")
     for p, (out, err) in zip(workers, done, strict=True):
         assert p.returncode == 2, err[-3000:]
         assert said in err and "Traceback" not in err, err[-3000:]

@@ -593,6 +593,45 @@ def test_your_own_pipeline_resumes_from_its_saved_position(mirrored, own_records
 
 
 @pytest.mark.multiprocess
+def test_workers_given_different_record_sets_stop_before_the_model_is_built(digits_records,
+                                                                           tmp_path):
+    """Hosts that share nothing each hold a copy of the record set (data.path may differ from
+    host to host): a copy converted otherwise (another test fraction) stops both TF_CONFIG
+    workers before the model is built, naming the sizes on each; before, each worker read its
+    slices of its own set."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+    from tfdist.tools.launch import held_ports, release_ports, tf_config
+
+    path, _ = digits_records
+    other = tmp_path / "other"
+    convert_arrays(other, *tfdist.data.load_digits("all"), test_fraction=0.25, seed=0)
+    sizes = [len(RecordSource(p, "train")) for p in (path, other)]
+    assert sizes[0] != sizes[1]
+    ports = held_ports(2)
+    try:
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "tfdist.tools.cli", "train", "--set",
+             "engine.name=multi_worker", "--set", "engine.devices=1", "--set", "data.name=records",
+             "--set", f"data.path={p}", "--set", f"train.output_dir={tmp_path / str(i)}"],
+            cwd=ROOT, env={**worker_env(), "TF_CONFIG": tf_config(i, ports)}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i, p in enumerate((path, other))]
+        done = [p.communicate(timeout=120) for p in workers]
+    finally:
+        release_ports()
+    said = (f"the training set is {sizes[0]} examples on worker 0, {sizes[1]} examples on "
+            "worker 1")
+    for p, (out, err) in zip(workers, done, strict=True):
+        assert p.returncode == 2, err[-3000:]
+        assert "tfdist train: the workers differ: " in err and said in err, err[-3000:]
+        assert "the record set at data.path is records.json 0x" in err
+        assert "Traceback" not in err and "Epoch 1/" not in out
+    assert not (tmp_path / "0").exists() and not (tmp_path / "1").exists()
+
+
+@pytest.mark.multiprocess
 def test_workers_on_a_record_set_read_their_share_and_train_the_one_device_job(digits_records,
                                                                               tmp_path):
     """`tfdist train` on the digits record set, 10 epochs: one device, 2 and 4 TF_CONFIG workers

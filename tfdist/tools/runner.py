@@ -57,6 +57,7 @@ def train(config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 def _run(config: dict[str, Any], job: JobEngine, progress: bool,
          started: float) -> dict[str, Any]:
     work = Workload(config, job.world_size)
+    job.agree(work.data.facts())
     if job.role != "worker":
         return job.serve(work)
     run = Run(config, job.is_chief, work.micro_batch)

@@ -13,6 +13,7 @@ import importlib
 import inspect
 import json
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +224,22 @@ class Data:
             return len(self.train)
         n = int(self.train.cardinality())
         return n if n >= 0 else None
+
+    def facts(self) -> dict[str, str]:
+        """What every process of a job must have loaded alike (`JobEngine.agree`): the
+        splits' sizes, an example's shape and a record set's records.json. A data function
+        taking `shard` reads each worker's own files: its training set is each one's own."""
+        splits = {"test": self.test} if self.sharded is not None else \
+            {"training": self.train, "test": self.test}
+        sizes = {name: len(split[1]) if self.arrays else len(split) if self.records else
+                 int(split.cardinality()) for name, split in splits.items()}
+        facts = {f"the {name} set": f"{n} examples" if n >= 0 else "of unknown size"
+                 for name, n in sizes.items()}
+        facts["an example"] = f"of shape {tuple(self.input_shape)}"
+        if self.records:
+            meta = json.dumps(self.train.meta, sort_keys=True).encode()
+            facts["the record set at data.path"] = f"records.json {zlib.crc32(meta):#010x}"
+        return facts
 
     def shard(self, batch_size: int, seed: int, start, index: int, count: int):
         """Slice `index` of `count` of each global batch, from global batch `start` on. The

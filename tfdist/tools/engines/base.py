@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -116,20 +117,19 @@ class JobEngine:
         self.config = config
         self.options = self.read_options(config["engine"]["options"])
         self.strategy, self.engine = self.make(config)
-        self.agree(config)
+        self.agree(_setup(config))
         return self
 
-    def agree(self, config: Config) -> None:
+    def agree(self, setup: dict[str, str]) -> None:
         """Stops the job the same way on every process, before anything is built, where its
-        processes were given different configs (a host's stale copy, a `--set` on one host
-        only): a ConfigError naming each key that differs and every process's value. Only
-        `PER_PROCESS` may differ. One all-gather over the engine's collectives; an engine
-        whose processes run none with each other overrides it."""
-        differences = self.engine.setup_differences(
-            {key: json.dumps(value, sort_keys=True) for key, value in _keys(config)
-             if key not in PER_PROCESS})
+        processes differ in `setup` (what each says as text: its config but `PER_PROCESS`, and
+        the versions it runs, when the engine is made; its data, once loaded): a ConfigError
+        naming each key that differs and every process's value. One all-gather over the
+        engine's collectives; an engine whose processes run none with each other overrides
+        it."""
+        differences = self.engine.setup_differences(setup)
         if differences:
-            raise ConfigError(_different_configs(differences))
+            raise ConfigError(_differ(differences))
 
     # -- the job -----------------------------------------------------------------------------------
     @property
@@ -306,13 +306,23 @@ ENGINES: Registry[JobEngine] = Registry("engine", JobEngine)
 register = ENGINES.register
 
 
-def _keys(config: Config):
-    """('section.key', value) for every key of the config."""
-    return ((f"{section}.{key}", value) for section, values in config.items()
-            for key, value in values.items())
+def _setup(config: Config) -> dict[str, str]:
+    """What every process of a job must have alike before it starts: the config's keys (but
+    `PER_PROCESS`) and the versions it runs."""
+    import keras
+    import tensorflow as tf
+
+    from tfdist import __version__
+
+    setup = {f"{section}.{key}": json.dumps(value, sort_keys=True)
+             for section, values in config.items() for key, value in values.items()
+             if f"{section}.{key}" not in PER_PROCESS}
+    setup["the versions"] = (f"tfdist {__version__}, tensorflow {tf.__version__}, keras "
+                             f"{keras.__version__}, python {sys.version.split()[0]}")
+    return setup
 
 
-def _different_configs(differences: dict[str, dict[int, str]], shown: int = 4) -> str:
+def _differ(differences: dict[str, dict[int, str]], shown: int = 4) -> str:
     """One line: each differing key (the first `shown`) with its values and the workers of
     each, and the fix."""
     said = []
@@ -323,9 +333,9 @@ def _different_configs(differences: dict[str, dict[int, str]], shown: int = 4) -
         said.append(f"{key} is " + ", ".join(
             f"{text} on {_workers(ranks)}" for text, ranks in list(workers.items())[:3])
             + (", ..." if len(workers) > 3 else ""))
-    more = f" (and {len(differences) - shown} more keys)" if len(differences) > shown else ""
-    return (f"the workers were given different configs: {'; '.join(said)}{more}. Give every "
-            "worker the same config file and --set values; only "
+    more = f" (and {len(differences) - shown} more)" if len(differences) > shown else ""
+    return (f"the workers differ: {'; '.join(said)}{more}. Give every worker the same config "
+            "file and --set values, tfdist and TensorFlow, and data; only "
             f"{', '.join(PER_PROCESS)} may differ (each host's own paths and output).")
 
 

@@ -62,9 +62,9 @@ class ParameterServer(JobEngine):
 
         return None, ParameterServerEngine()
 
-    def agree(self, config):
-        """Workers and servers run no collectives with each other: their configs are not
-        compared (the servers build the model and optimizer from their own)."""
+    def agree(self, setup):
+        """Workers and servers run no collectives with each other: their configs and data are
+        not compared (the servers build the model and optimizer from their own)."""
 
     @property
     def role(self):

@@ -456,6 +456,35 @@ def test_one_worker_on_a_server_equals_plain_keras(compressor):
     assert json.loads(out.splitlines()[-1])["bytes_received"] == 8 * push
 
 
+def test_a_worker_given_another_setup_than_its_server_stops_both_naming_each_value():
+    """A worker and a server given different setups (`tfdist train` gives each task its config
+    but the paths, its versions and its data): the worker's join raises naming each key and
+    both values, and the server stops with the same line."""
+    server_setup = {"optimizer.learning_rate": "0.002", "the versions": "tfdist 0.2.0"}
+    (port,) = free_ports(1)
+    server = subprocess.Popen([sys.executable, "-m", "tests.workers.ps_server", str(port), "None",
+                               json.dumps(server_setup)],
+                              cwd=ROOT, env={**worker_env(), SECRET_ENV: SECRET},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0, SECRET.encode())
+        optimizer = ParameterServerOptimizer(
+            LEARNING_RATE, cluster=cluster,
+            setup={**server_setup, "optimizer.learning_rate": "0.01"})
+        with pytest.raises(tfdist.ps.SetupMismatch) as raised:
+            optimizer.join(_model().trainable_variables)
+        _, err = server.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    said = ("worker 0 and parameter server 0 differ: optimizer.learning_rate is 0.01 on worker "
+            "0, 0.002 on parameter server 0")
+    assert str(raised.value) == said
+    assert server.returncode == 1 and f"SetupMismatch: {said}" in err, err[-3000:]
+
+
 def test_a_worker_with_no_server_says_where_it_looked():
     (port,) = free_ports(1)
     cluster = Cluster((f"127.0.0.1:{port}",), ("127.0.0.1:1",), "worker", 0, SECRET.encode())

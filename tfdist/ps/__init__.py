@@ -16,8 +16,8 @@ from tfdist.ps.cluster import Cluster, assign_shards, shard_of
 from tfdist.ps.engine import ParameterServerEngine
 from tfdist.ps.hogwild import HogwildSGD, HogwildStrategy
 from tfdist.ps.optimizer import FinishCallback, ParameterServerOptimizer
-from tfdist.ps.server import ParameterServer, serve, staleness_report
+from tfdist.ps.server import ParameterServer, SetupMismatch, serve, staleness_report
 
 __all__ = ["Cluster", "FinishCallback", "HogwildSGD", "HogwildStrategy", "ParameterServer",
-           "ParameterServerEngine", "ParameterServerOptimizer", "assign_shards", "serve",
-           "shard_of", "staleness_report"]
+           "ParameterServerEngine", "ParameterServerOptimizer", "SetupMismatch", "assign_shards",
+           "serve", "shard_of", "staleness_report"]

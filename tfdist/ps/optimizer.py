@@ -14,7 +14,9 @@ The RPCs are TensorFlow's own (`tf.distribute.experimental.rpc`, gRPC), called f
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
 
 import keras
 import tensorflow as tf
@@ -26,7 +28,7 @@ from tfdist.callbacks.scalars import ScalarWriter
 from tfdist.optimizers.parts import dense_gradient
 from tfdist.ps.cluster import Cluster, assign_shards, nbytes
 from tfdist.ps.codec import MIN_SIZE, codecs_for, push_nbytes
-from tfdist.ps.server import REQUEST, STATS_LEN, server_name, staleness_report
+from tfdist.ps.server import REQUEST, STATS_LEN, SetupMismatch, server_name, staleness_report
 from tfdist.security import require_secret, sign
 
 SERVER_GONE = "failed to answer"  # in the error of a call its server did not answer
@@ -77,6 +79,9 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
             must be given the same. Its state (error-feedback residuals) stays on the worker.
         min_compress_size: Tensors with fewer elements go uncompressed. Defaults to 1024.
         compress_1d: Compress 1-D tensors (biases) too. Defaults to False.
+        setup: What every task of the job must have alike, as texts: given to each server
+            when this worker joins; where a server's differs, the build raises
+            `tfdist.ps.SetupMismatch` naming each key and both values (and the server stops).
         name: Optional name.
 
     Example (every task runs the same script; see `tfdist.ps.serve` for the ps side):
@@ -99,7 +104,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                  poll_seconds: float = 0.002, connect_timeout: float = 300.0,
                  call_timeout: float = 600.0, compressor=None,
                  min_compress_size: int = MIN_SIZE, compress_1d: bool = False,
-                 name: str | None = None, **kwargs):
+                 setup: Mapping[str, str] | None = None, name: str | None = None, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name or "parameter_server", **kwargs)
         self._cluster = cluster
         self.compressor = compression.get(compressor)
@@ -108,6 +113,7 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
         self.poll_seconds = check_number("poll_seconds", poll_seconds, 0)
         self.connect_timeout = check_number("connect_timeout", connect_timeout, 0, low_open=True)
         self.call_timeout = check_number("call_timeout", call_timeout, 0, low_open=True)
+        self.setup = dict(setup or {})
         self._clients: list = []
         self.report: dict | None = None
         self.start_step = 0  # steps this worker had pushed before this process (a restart)
@@ -157,6 +163,8 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
                                           f"Parameter-server worker {self.cluster.task_index}")
             self._clients = [connect(address, f"tfdist_ps{p}", self.connect_timeout)
                              for p, address in enumerate(self.cluster.ps)]
+            if self.setup:
+                self._agree()
             self._pull(var_list)  # start from the servers' weights
             self._wait_for_all_workers()
             # A worker started again (or a job resumed from the servers' checkpoints) goes on
@@ -238,6 +246,16 @@ class ParameterServerOptimizer(keras.optimizers.Optimizer):
             results = [tf.ensure_shape(tf.io.parse_tensor(answer[i + 1], spec.dtype), spec.shape)
                        for i, spec in enumerate(listed)]
         return results if isinstance(specs, list) else results[0]
+
+    def _agree(self) -> None:
+        """Gives every server this worker's `setup`; raises SetupMismatch with the first
+        server's account of a difference."""
+        worker = tf.constant(self.worker, tf.int64)
+        setup = tf.constant(json.dumps(self.setup, sort_keys=True))
+        for p in range(len(self._clients)):
+            said = self._call(p, "agree", [worker, setup], tf.TensorSpec([], tf.string))
+            if said.numpy():
+                raise SetupMismatch(said.numpy().decode())
 
     def _wait_for_all_workers(self) -> None:
         """Returns once every worker has joined (or is lost): training starts together."""

@@ -11,6 +11,8 @@ from inside their traced train steps (see `ParameterServerOptimizer`). It offers
 * `ready(worker)`: whether the worker may pull and go on (the consistency rule below);
 * `pull(worker)`: the version and the shard's weights;
 * `clock(worker)`: the pushes taken from the worker: where a worker that starts again resumes;
+* `agree(worker, setup)`: whether the worker was given this server's `setup` (what every task
+  of the job must have alike): a server that finds a difference says it and stops;
 * `finish(worker)`, `stats()`, `release()`: the end of a worker, the counters, the end of the job.
 
 `staleness` is the one knob:
@@ -47,8 +49,10 @@ that cannot be written stops the server with the reason (the previous one stays 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Mapping
 
 import keras
 import numpy as np
@@ -99,6 +103,11 @@ def check_delay_compensation(delay_compensation, staleness) -> float | None:
     return delay_compensation
 
 
+class SetupMismatch(ValueError):
+    """A worker and a parameter server were given different setups (`serve(setup=...)`,
+    `ParameterServerOptimizer(setup=...)`): the message names each key and both values."""
+
+
 class ParameterServer:
     """Serves `variables` (this server's shard) to `num_workers` workers (see module docstring).
 
@@ -119,6 +128,8 @@ class ParameterServer:
             with (`tfdist.ps.codec`), or None.
         checkpoint_dir: Where to write checkpoints (`tfdist.ps.checkpoint`), or None.
         checkpoint_every: Updates between two checkpoints (>= 1), with `checkpoint_dir`.
+        setup: What every task must have alike, as texts: a worker that joins with another
+            stops the server (`agree`; see `serve`).
 
     Example:
         ```python
@@ -137,8 +148,9 @@ class ParameterServer:
                  delay_compensation: float | None = None,
                  compressor: Compressor | None = None, min_compress_size: int = MIN_SIZE,
                  compress_1d: bool = False, checkpoint_dir: str | None = None,
-                 checkpoint_every: int | None = None):
+                 checkpoint_every: int | None = None, setup: Mapping[str, str] | None = None):
         self.variables = list(variables)
+        self.setup = dict(setup or {})
         if not self.variables:
             raise ValueError(f"Parameter server {index} holds no variables: use fewer "
                              "parameter servers than the model has trainable variables.")
@@ -185,7 +197,8 @@ class ParameterServer:
         self.checkpoint_every = (None if checkpoint_dir is None else
                                  check_int("checkpoint_every", checkpoint_every, 1))
         self.resumed_from: int | None = None
-        self._failure: BaseException | None = None  # a checkpoint that could not be written
+        # what stops the server: a checkpoint that could not be written, a worker's other setup
+        self._failure: BaseException | None = None
 
     # -- what the workers call (through the RPC functions of `start`) ----------------------------
     def push(self, worker: int, based_on: int, lr: float, parts: list[np.ndarray]) -> int:
@@ -248,6 +261,21 @@ class ParameterServer:
         with self._lock:
             self._touch(worker)
             return self._clock[worker]
+
+    def agree(self, worker: int, setup: dict[str, str]) -> str:
+        """"" when the worker's `setup` is this server's; else one line naming each key that
+        differs (the first 4), and the server stops (`serve` raises SetupMismatch with it)."""
+        differ = sorted(k for k in set(setup) | set(self.setup)
+                        if setup.get(k) != self.setup.get(k))
+        if not differ:
+            return ""
+        message = f"worker {worker} and parameter server {self.index} differ: " + "; ".join(
+            f"{k} is {setup.get(k, 'not set')} on worker {worker}, "
+            f"{self.setup.get(k, 'not set')} on parameter server {self.index}"
+            for k in differ[:4]) + (f" (and {len(differ) - 4} more)" if len(differ) > 4 else "")
+        with self._lock:
+            self._failure = self._failure or SetupMismatch(message)
+        return message
 
     def finish(self, worker: int) -> int:
         with self._lock:
@@ -413,6 +441,8 @@ class ParameterServer:
             "pull": (lambda w: self.pull(int(w)), [scalar]),
             "started": (lambda w: [flag(self.started(int(w)))], [scalar]),
             "clock": (lambda w: [count(self.clock(int(w)))], [scalar]),
+            "agree": (lambda w, setup: [self.agree(int(w), json.loads(setup.item())).encode()],
+                      [scalar, tf.TensorSpec([], tf.string)]),
             "finish": (lambda w: [count(self.finish(int(w)))], [scalar]),
             "stats": (lambda: [self.stats()], []),
             "release": (lambda: [count(self.release())], []),
@@ -472,6 +502,7 @@ class ParameterServer:
 
         Raises:
             RuntimeError: every worker was lost before finishing.
+            SetupMismatch: a worker was given another `setup`.
         """
         self.start(address, secret)
         size = sum(nbytes(v) for v in self.variables)
@@ -571,7 +602,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
           scale_lr_by_staleness: bool = False, delay_compensation: float | None = None,
           compressor: Compressor | None = None,
           min_compress_size: int = MIN_SIZE, compress_1d: bool = False,
-          checkpoint_dir: str | None = None, checkpoint_every: int | None = None) -> dict:
+          checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+          setup: Mapping[str, str] | None = None) -> dict:
     """Runs this task as its parameter server until the job ends; returns its report.
 
     Args:
@@ -588,6 +620,10 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
         checkpoint_dir: A directory every ps task shares: the servers checkpoint there every
             `checkpoint_every` updates and resume from the newest step they all completed
             (removed when the job ends normally). None: no checkpoints.
+        setup: What every task of the job must have alike, as texts (e.g. {"learning rate":
+            "0.001", "data": "records.json 0x1a2b3c4d"}); the workers give theirs
+            (`ParameterServerOptimizer(setup=...)`) when they join, and a difference stops
+            the server (SetupMismatch, naming each key and both values) and the worker.
 
     Example:
         ```python
@@ -612,7 +648,8 @@ def serve(model, optimizer: keras.optimizers.Optimizer, staleness: int | None = 
                              scale_lr_by_staleness=scale_lr_by_staleness,
                              delay_compensation=delay_compensation, compressor=compressor,
                              min_compress_size=min_compress_size, compress_1d=compress_1d,
-                             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+                             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                             setup=setup)
     if checkpoint_dir is not None:
         step = checkpoint.common_step(str(checkpoint_dir), len(cluster.ps),
                                       cluster.num_workers if staleness == 0 else 0)

@@ -334,9 +334,14 @@ def _differ(differences: dict[str, dict[int, str]], shown: int = 4) -> str:
             f"{text} on {_workers(ranks)}" for text, ranks in list(workers.items())[:3])
             + (", ..." if len(workers) > 3 else ""))
     more = f" (and {len(differences) - shown} more)" if len(differences) > shown else ""
-    return (f"the workers differ: {'; '.join(said)}{more}. Give every worker the same config "
-            "file and --set values, tfdist and TensorFlow, and data; only "
-            f"{', '.join(PER_PROCESS)} may differ (each host's own paths and output).")
+    return f"the workers differ: {'; '.join(said)}{more}. {same_job('worker')}"
+
+
+def same_job(task: str) -> str:
+    """What to do where the processes of a job differ (`JobEngine.agree`)."""
+    return (f"Give every {task} the same config file and --set values, tfdist and TensorFlow, "
+            f"and data; only {', '.join(PER_PROCESS)} may differ (each host's own paths and "
+            "output).")
 
 
 def _workers(ranks: list[int], listed: int = 6) -> str:

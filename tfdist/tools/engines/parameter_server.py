@@ -16,7 +16,8 @@ import contextlib
 import re
 from pathlib import Path
 
-from tfdist.tools.engines.base import JobEngine, register
+from tfdist.tools.engines.base import JobEngine, register, same_job
+from tfdist.tools.errors import ConfigError
 from tfdist.tools.parts import make_compressor
 
 
@@ -62,9 +63,12 @@ class ParameterServer(JobEngine):
 
         return None, ParameterServerEngine()
 
+    setup: dict = {}  # what this task must have alike with the others (`agree`)
+
     def agree(self, setup):
-        """Workers and servers run no collectives with each other: their configs and data are
-        not compared (the servers build the model and optimizer from their own)."""
+        """Kept for the servers: a worker gives its setup to each server when it joins, and a
+        difference stops both in one line (`tfdist.ps.SetupMismatch`)."""
+        self.setup = {**self.setup, **setup}
 
     @property
     def role(self):
@@ -97,7 +101,7 @@ class ParameterServer(JobEngine):
     def serve(self, workload):
         """Builds the model as the workers do (same seed) and serves this task's shard of the
         variables, with the config's optimizer, until the workers are done."""
-        from tfdist.ps import serve
+        from tfdist.ps import SetupMismatch, serve
         from tfdist.tools import epilogue
         from tfdist.tools import ps_notices as notices
 
@@ -115,10 +119,12 @@ class ParameterServer(JobEngine):
                            delay_compensation=engine["delay_compensation"],
                            compressor=make_compressor(comp), min_compress_size=comp["min_size"],
                            compress_1d=comp["compress_1d"], checkpoint_dir=self._checkpoints(),
-                           checkpoint_every=every)
+                           checkpoint_every=every, setup=self.setup)
             epilogue.begin(config["train"]["preemption_signals"])  # inside: a notice just before
         except notices.Notice:
             notices.exit_preempted()
+        except SetupMismatch as e:
+            raise ConfigError(f"{e}. {same_job('task')}") from None
         if every:  # the last task out removes train.output_dir/backup
             from tfdist.tools.run_files import backup_directory
 
@@ -150,7 +156,7 @@ class ParameterServer(JobEngine):
         return ParameterServerOptimizer(float(inner.learning_rate), cluster=self.engine.cluster,
                                         compressor=make_compressor(comp),
                                         min_compress_size=comp["min_size"],
-                                        compress_1d=comp["compress_1d"])
+                                        compress_1d=comp["compress_1d"], setup=self.setup)
 
     def compile_options(self):
         return {"jit_compile": False}  # the step calls the servers
@@ -159,13 +165,17 @@ class ParameterServer(JobEngine):
         """Joins the servers now: a worker started again, or a job resumed from the servers'
         checkpoints, goes on at the step the servers hold for this worker."""
         from tfdist.callbacks import StartAt
+        from tfdist.ps import SetupMismatch
         from tfdist.ps.checkpoint import WorkerCheckpoint
         from tfdist.tools import ps_notices as notices
 
         run.keep_backups()  # the servers checkpoint; the run directory is found again
         self.run_dir = run.path
         self._listen(raising=False)
-        start = self.start_step = optimizer.join(model.trainable_variables)
+        try:
+            start = self.start_step = optimizer.join(model.trainable_variables)
+        except SetupMismatch as e:
+            raise ConfigError(f"{e}. {same_job('task')}") from None
         directory = self._checkpoints()
         callbacks = []
         own = (WorkerCheckpoint(directory, self.config["train"]["checkpoint_steps"], self.rank)

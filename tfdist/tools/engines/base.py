@@ -3,8 +3,9 @@
 The runner (`tfdist.tools.runner`) is one generic sequence; every step of it that differs
 between engines is a method here, which an engine overrides:
 
-    job = ENGINES.lookup(name)().start(config)      # make: the strategy and tfdist.comm.Engine
+    job = ENGINES.lookup(name)().start(config)      # make, and agree on the config (below)
     job.run(body):                                  # body, how this engine's job ends said plainly
+        job.agree(workload.data.facts())            # every process loaded the same data
         if job.role != "worker": return job.serve(workload)
         with job.scope():
             model = job.wrap_model(workload.model())            # ZeRO-3 shards it
@@ -308,7 +309,7 @@ register = ENGINES.register
 
 def _setup(config: Config) -> dict[str, str]:
     """What every process of a job must have alike before it starts: the config's keys (but
-    `PER_PROCESS`) and the versions it runs."""
+    `PER_PROCESS`) and the versions of the software it runs."""
     import keras
     import tensorflow as tf
 
@@ -317,7 +318,7 @@ def _setup(config: Config) -> dict[str, str]:
     setup = {f"{section}.{key}": json.dumps(value, sort_keys=True)
              for section, values in config.items() for key, value in values.items()
              if f"{section}.{key}" not in PER_PROCESS}
-    setup["the versions"] = (f"tfdist {__version__}, tensorflow {tf.__version__}, keras "
+    setup["the software"] = (f"tfdist {__version__}, tensorflow {tf.__version__}, keras "
                              f"{keras.__version__}, python {sys.version.split()[0]}")
     return setup
 

@@ -28,6 +28,7 @@ class ParameterServer(JobEngine):
 
     tfdist_optimizer = False
     start_step = 0  # the step the servers held for this worker when it joined
+    setup: dict = {}  # what this task must have alike with the others (`agree`)
 
     def check(self, config):
         comp, opt, train = config["compression"], config["optimizer"], config["train"]
@@ -62,8 +63,6 @@ class ParameterServer(JobEngine):
         from tfdist.ps import ParameterServerEngine
 
         return None, ParameterServerEngine()
-
-    setup: dict = {}  # what this task must have alike with the others (`agree`)
 
     def agree(self, setup):
         """Kept for the servers: a worker gives its setup to each server when it joins, and a

@@ -105,7 +105,24 @@ def check_delay_compensation(delay_compensation, staleness) -> float | None:
 
 class SetupMismatch(ValueError):
     """A worker and a parameter server were given different setups (`serve(setup=...)`,
-    `ParameterServerOptimizer(setup=...)`): the message names each key and both values."""
+    `ParameterServerOptimizer(setup=...)`): the message names each key and both values.
+
+    Example:
+        ```python
+        # python -m tfdist.launch --ps 1 --workers 2 -- python train.py
+        cluster = tfdist.ps.Cluster.from_tf_config()
+        model = build_model()
+        setup = {"learning rate": "0.001", "examples": str(len(x))}  # alike on every task
+        if cluster.is_ps:
+            tfdist.ps.serve(model, keras.optimizers.Adam(1e-3), setup=setup)  # raises it too
+        else:
+            optimizer = tfdist.ps.ParameterServerOptimizer(1e-3, setup=setup)
+            try:
+                optimizer.join(model.trainable_variables)  # connects, compares, pulls
+            except tfdist.ps.SetupMismatch as e:
+                print(e)  # worker 1 and parameter server 0 differ: examples is 900 on worker 1, ...
+        ```
+    """
 
 
 class ParameterServer:
